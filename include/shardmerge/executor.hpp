@@ -1,0 +1,54 @@
+// The executor seam: something that runs a MergePlan. The CPU executor and the CUDA executor
+// implement it; neither parses anything, they only follow the plan.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "shardmerge/plan.hpp"
+
+namespace shardmerge {
+
+class Trace;
+class Progress;
+
+// Where tensor bytes go, addressed as (output file index, byte offset) of the plan: the files
+// of an output tree (HfTreeWriter), or a comparison against a reference tree (verify).
+// Implementations must accept concurrent calls for disjoint ranges.
+class OutputSink {
+ public:
+  virtual ~OutputSink() = default;
+  virtual void write(uint32_t file, uint64_t offset, const void* data, size_t n) const = 0;
+  // Same bytes straight from a source file, where the sink can do it without a user-space
+  // copy (copy_file_range). Returns false to have the caller read and write() instead.
+  virtual bool copy_from(int src_fd, uint64_t src_offset, uint32_t file, uint64_t offset, uint64_t n) const {
+    (void)src_fd, (void)src_offset, (void)file, (void)offset, (void)n;
+    return false;
+  }
+};
+
+struct ExecOptions {
+  unsigned threads = 0;                // 0: one per core
+  uint64_t memory_limit = 512ull << 20;  // peak resident memory the whole process may use
+  Progress* progress = nullptr;        // fed with output bytes as they are written
+  Trace* trace = nullptr;
+};
+
+struct ExecStats {
+  uint64_t bytes_read = 0;
+  uint64_t bytes_written = 0;
+  uint64_t tasks = 0;
+  uint64_t lora_folds = 0;
+};
+
+class Executor {
+ public:
+  virtual ~Executor() = default;
+  virtual std::string name() const = 0;
+  virtual ExecStats run(const MergePlan& plan, const OutputSink& out, const ExecOptions& options) = 0;
+};
+
+std::unique_ptr<Executor> make_cpu_executor();
+
+}  // namespace shardmerge

@@ -1,0 +1,316 @@
+// `shardmerge inspect PATH [--json] [--tensors]`: what a path holds and what to run next,
+// from names, small JSON files, pickles and headers only (never tensor data).
+#include <cstdio>
+#include <filesystem>
+#include <iostream>
+
+#include "cli/commands.hpp"
+#include "formats/hf_index.hpp"
+#include "formats/safetensors.hpp"
+#include "formats/torch_pt.hpp"
+#include "layouts/fsdp.hpp"
+#include "layouts/layout.hpp"
+#include "layouts/names.hpp"
+#include "plan/lora.hpp"
+#include "plan/peft_names.hpp"
+#include "plan/sharding.hpp"
+#include "shardmerge/error.hpp"
+#include "util/units.hpp"
+
+namespace fs = std::filesystem;
+using json = nlohmann::ordered_json;
+
+namespace shardmerge::cli {
+namespace {
+
+std::string quote(const std::string& path) {
+  return path.find_first_of(" \t'\"$") == std::string::npos ? path : "'" + path + "'";
+}
+
+// A target directory beside (never inside) the checkpoint.
+std::string suggested_target(const std::string& role_dir) {
+  fs::path p = fs::absolute(role_dir).lexically_normal();
+  if (p.filename().empty()) p = p.parent_path();
+  std::string name = p.filename().string();
+  fs::path parent = p.parent_path();
+  if (!parent.filename().empty() && parent.filename().string().rfind("global_step", 0) == 0) {
+    name = parent.filename().string() + "_" + name;
+    parent = parent.parent_path();
+  }
+  return (parent / (name + "_hf")).string();
+}
+
+std::string merge_command(const std::string& role_dir, const std::string& backend) {
+  return "shardmerge merge --backend " + backend + " --local_dir " + quote(role_dir) + " --target_dir " +
+         quote(suggested_target(role_dir));
+}
+
+json hf_json(const layouts::HfTree& hf) {
+  json j;
+  j["path"] = hf.path;
+  j["config"] = hf.has_config;
+  if (!hf.architecture.empty()) j["architecture"] = hf.architecture;
+  const char* weights[] = {"none", "model.safetensors", "sharded safetensors", "pytorch_model.bin"};
+  j["weights"] = weights[static_cast<int>(hf.weights)];
+  j["weights_complete"] = hf.weights_complete;
+  if (!hf.missing_shards.empty()) j["missing_shards"] = hf.missing_shards;
+  j["sidecar_files"] = hf.sidecar_files;
+  return j;
+}
+
+json tensors_json(const SourceSet& set) {
+  json list = json::array();
+  for (const auto& t : set.tensors) {
+    uint64_t numel = 1;
+    for (int64_t d : t.shape) numel *= static_cast<uint64_t>(d);
+    list.push_back({{"name", t.name},
+                    {"dtype", dtype_name(t.dtype)},
+                    {"shape", t.shape},
+                    {"placement", t.origin},
+                    {"bytes", numel * dtype_size(t.dtype)}});
+  }
+  return list;
+}
+
+void fsdp_report(const layouts::FsdpRole& role, bool with_tensors, json& j, std::vector<std::string>& warnings) {
+  j["world_size"] = role.world_size;
+  j["world_size_from"] = role.world_size_source;
+  if (role.fsdp_version) j["fsdp_version"] = role.fsdp_version;
+  std::vector<int64_t> present;
+  for (size_t r = 0; r < role.rank_files.size(); ++r)
+    if (!role.rank_files[r].empty()) present.push_back(static_cast<int64_t>(r));
+  j["ranks_present"] = present;
+  j["ranks_missing"] = role.missing_ranks;
+  j["optimizer_files"] = role.optim_files;
+  j["extra_state_files"] = role.extra_state_files;
+  if (role.huggingface) j["huggingface"] = hf_json(*role.huggingface);
+  else warnings.push_back("no huggingface/ directory: the merge will have weights but no config or tokenizer");
+  if (role.lora_train_meta) j["lora_train_meta"] = *role.lora_train_meta;
+  if (role.lora_adapter) j["lora_adapter"] = role.lora_adapter->path;
+  if (role.world_size <= 0 || role.rank_files.empty() || role.rank_files[0].empty()) return;
+  try {
+    SourceSet set = layouts::describe_fsdp(role);
+    j["layout"] = set.description;
+    uint64_t bytes = 0, params = 0;
+    for (const auto& t : set.tensors) {
+      uint64_t n = 1;
+      for (int64_t d : t.shape) n *= static_cast<uint64_t>(d);
+      params += n;
+      bytes += n * dtype_size(t.dtype);
+    }
+    j["tensors"] = set.tensors.size();
+    j["parameters"] = params;
+    j["source_tensor_bytes"] = bytes;
+    for (const auto& n : set.notes) warnings.push_back(n);
+    const PeftSplit split = split_peft_names(set);
+    std::optional<LoraConfig> cfg;
+    try {
+      if (role.lora_adapter && role.lora_adapter->config.is_object())
+        cfg = lora_config_from_adapter_config(role.lora_adapter->config, role.lora_adapter->path + "/adapter_config.json");
+      else if (role.lora_train_meta)
+        cfg = lora_config_from_train_meta(*role.lora_train_meta, role.path + "/lora_train_meta.json");
+    } catch (const Error& e) {
+      warnings.push_back(e.what());
+    }
+    if (!split.lora.empty()) j["lora"] = describe_lora(split, cfg);
+    if (with_tensors) j["tensor_list"] = tensors_json(set);
+  } catch (const Error& e) {
+    warnings.push_back(std::string("cannot be merged as is: ") + e.what());
+    j["mergeable"] = false;
+  }
+}
+
+std::string placement_of(const StateEntry& e) {
+  if (e.is_plain()) return "plain tensor";
+  if (const auto* d = std::get_if<DTensorValue>(&e.value)) {
+    std::string p;
+    for (const auto& pl : d->placements) p += (p.empty() ? "" : ", ") + pl.to_string();
+    return "DTensor [" + p + "] local " + shape_string(d->local.size);
+  }
+  return "ShardedTensor, " + std::to_string(std::get<ShardedTensorValue>(e.value).local_shards.size()) + " local shard(s)";
+}
+
+// A single file: a torch.save archive or a safetensors file.
+json file_report(const std::string& path) {
+  json j;
+  j["path"] = path;
+  json list = json::array();
+  if (path.size() > 12 && path.compare(path.size() - 12, 12, ".safetensors") == 0) {
+    j["kind"] = "safetensors file";
+    SafetensorsFile f = SafetensorsFile::open(path);
+    for (const auto& t : f.tensors())
+      list.push_back({{"name", t.name}, {"dtype", dtype_name(t.dtype)}, {"shape", t.shape}, {"bytes", t.nbytes}});
+  } else {
+    j["kind"] = "torch.save file";
+    TorchFile f = TorchFile::open(path);
+    for (const auto& e : f.entries()) {
+      uint64_t n = dtype_size(e.dtype());
+      for (int64_t d : e.global_shape()) n *= static_cast<uint64_t>(d);
+      list.push_back({{"name", e.name}, {"dtype", dtype_name(e.dtype())}, {"shape", e.global_shape()},
+                      {"placement", placement_of(e)}, {"bytes", n}});
+    }
+  }
+  j["tensors"] = list.size();
+  j["tensor_list"] = list;
+  j["warnings"] = json::array();
+  j["next"] = json::array();
+  return j;
+}
+
+json report(const std::string& path, bool with_tensors, int& exit_code) {
+  if (fs::is_regular_file(path)) return file_report(path);
+  layouts::Layout layout = layouts::detect(path);
+  json j;
+  j["path"] = path;
+  j["kind"] = layouts::kind_name(layout.kind);
+  std::vector<std::string> warnings = layout.warnings;
+  std::vector<std::string> next;
+  switch (layout.kind) {
+    case layouts::Kind::RunRoot: {
+      const auto& run = std::get<layouts::RunRoot>(layout.info);
+      json steps = json::array();
+      for (const auto& [s, p] : run.steps) steps.push_back({{"step", s}, {"path", p}});
+      j["steps"] = steps;
+      if (run.tracker_step) j["tracker_step"] = *run.tracker_step;
+      j["tracker_ok"] = run.tracker_problem.empty();
+      std::vector<std::string> notes;
+      try {
+        const std::string role_dir = layouts::resolve_role_dir(path, "actor", notes);
+        j["resolves_to"] = role_dir;
+        layouts::Layout role = layouts::detect(role_dir);
+        next.push_back(merge_command(role_dir, role.kind == layouts::Kind::MegatronRole ? "megatron" : "fsdp"));
+      } catch (const Error& e) {
+        warnings.push_back(e.what());
+      }
+      break;
+    }
+    case layouts::Kind::StepRoot: {
+      const auto& step = std::get<layouts::StepRoot>(layout.info);
+      if (step.step) j["step"] = *step.step;
+      j["roles"] = step.roles;
+      j["dataloader_state"] = step.has_dataloader_state;
+      for (const auto& r : step.roles) {
+        const std::string dir = (fs::path(path) / r).string();
+        next.push_back(merge_command(dir, layouts::detect(dir).kind == layouts::Kind::MegatronRole ? "megatron" : "fsdp"));
+      }
+      break;
+    }
+    case layouts::Kind::FsdpRole: {
+      const auto& role = std::get<layouts::FsdpRole>(layout.info);
+      fsdp_report(role, with_tensors, j, warnings);
+      if (!role.missing_ranks.empty()) {
+        std::string m;
+        for (int64_t r : role.missing_ranks) m += (m.empty() ? "" : ", ") + layouts::rank_file_name("model", role.world_size, r);
+        warnings.push_back("missing rank files: " + m +
+                           " (multi-node runs keep each node's ranks on its own disk: copy them here)");
+      }
+      if (j.value("mergeable", true)) next.push_back(merge_command(path, "fsdp"));
+      break;
+    }
+    case layouts::Kind::MegatronRole: {
+      const auto& role = std::get<layouts::MegatronRole>(layout.info);
+      j["layout"] = role.layout;
+      if (role.manifest) {
+        j["manifest"] = role.manifest_name;
+        if (role.manifest->contains("contents")) j["contents"] = (*role.manifest)["contents"];
+      }
+      j["model_format"] = role.model_format;
+      if (!role.dist_ckpt.empty()) j["dist_ckpt"] = role.dist_ckpt;
+      j["transformer_config"] = role.has_transformer_config;
+      if (!role.mp_rank_dirs.empty()) j["mp_rank_dirs"] = role.mp_rank_dirs;
+      if (role.huggingface) j["huggingface"] = hf_json(*role.huggingface);
+      if (role.huggingface && role.huggingface->weights_complete)
+        warnings.push_back("the HF weights are already complete in " + role.huggingface->path +
+                           ": nothing needs merging (copy that directory)");
+      next.push_back(merge_command(path, "megatron"));
+      break;
+    }
+    case layouts::Kind::HfTree: {
+      const auto& hf = std::get<layouts::HfTree>(layout.info);
+      j["huggingface"] = hf_json(hf);
+      if (with_tensors && (hf.weights == layouts::HfTree::Weights::Safetensors ||
+                           hf.weights == layouts::HfTree::Weights::ShardedSafetensors)) {
+        HfWeights w = open_hf_weights(path);
+        json list = json::array();
+        for (const auto& [name, ref] : w.tensors)
+          list.push_back({{"name", name}, {"dtype", dtype_name(ref.tensor->dtype)}, {"shape", ref.tensor->shape},
+                          {"file", fs::path(w.path_of(ref)).filename().string()}, {"bytes", ref.tensor->nbytes}});
+        j["tensor_list"] = list;
+      }
+      break;
+    }
+    case layouts::Kind::PeftAdapter: {
+      const auto& a = std::get<layouts::PeftAdapter>(layout.info);
+      j["adapter_config"] = a.config;
+      j["weights_file"] = a.weights_file;
+      next.push_back("shardmerge fold-lora --base BASE_HF_DIR --adapter " + quote(path) + " --target_dir OUT");
+      break;
+    }
+    case layouts::Kind::Unknown:
+      warnings.push_back("no verl checkpoint, HuggingFace model or PEFT adapter found here");
+      exit_code = 1;
+      break;
+  }
+  j["warnings"] = warnings;
+  j["next"] = next;
+  return j;
+}
+
+void print_human(const json& j) {
+  std::printf("%s: %s\n", j["path"].get<std::string>().c_str(), j["kind"].get<std::string>().c_str());
+  auto line = [](const char* key, const std::string& value) { std::printf("  %-18s %s\n", key, value.c_str()); };
+  for (const auto& [key, value] : j.items()) {
+    if (key == "path" || key == "kind" || key == "warnings" || key == "next" || key == "tensor_list") continue;
+    if (key == "lora") {
+      for (const auto& l : value) line("lora:", l.get<std::string>());
+      continue;
+    }
+    if (key == "steps") {
+      std::string s;
+      for (const auto& st : value) s += (s.empty() ? "" : ", ") + std::to_string(st["step"].get<int64_t>());
+      line("steps:", s);
+      continue;
+    }
+    if (key == "source_tensor_bytes") {
+      line("tensor bytes:", format_bytes(value.get<uint64_t>()));
+      continue;
+    }
+    std::string text = value.is_string() ? value.get<std::string>() : value.dump();
+    line((key + ":").c_str(), text);
+  }
+  if (j.contains("tensor_list")) {
+    std::printf("  tensors:\n");
+    for (const auto& t : j["tensor_list"]) {
+      std::printf("    %-60s %-9s %-18s %10s  %s\n", t["name"].get<std::string>().c_str(),
+                  t["dtype"].get<std::string>().c_str(), t["shape"].dump().c_str(),
+                  format_bytes(t["bytes"].get<uint64_t>()).c_str(),
+                  t.contains("placement") ? t["placement"].get<std::string>().c_str()
+                                          : t.value("file", std::string()).c_str());
+    }
+  }
+  for (const auto& w : j["warnings"]) std::printf("  warning: %s\n", w.get<std::string>().c_str());
+  for (const auto& n : j["next"]) std::printf("  next: %s\n", n.get<std::string>().c_str());
+}
+
+}  // namespace
+
+void add_inspect(CLI::App& app, Runner& run) {
+  auto* cmd = app.add_subcommand("inspect", "Say what a checkpoint path holds and how to merge it (reads no tensor data)");
+  auto path = std::make_shared<std::string>();
+  auto as_json = std::make_shared<bool>(false);
+  auto tensors = std::make_shared<bool>(false);
+  cmd->add_option("path", *path, "Run root, step root, role directory, HF model or PEFT adapter")->required();
+  cmd->add_flag("--json", *as_json, "Print the report as JSON");
+  cmd->add_flag("--tensors", *tensors, "List every tensor: name, dtype, global shape, placement, bytes");
+  cmd->callback([&run, path, as_json, tensors] {
+    run = [path, as_json, tensors] {
+      int code = 0;
+      json j = report(*path, *tensors, code);
+      if (*as_json) std::cout << j.dump(2) << "\n";
+      else print_human(j);
+      return code;
+    };
+  });
+}
+
+}  // namespace shardmerge::cli

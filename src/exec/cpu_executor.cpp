@@ -1,0 +1,285 @@
+// The CPU executor: a pool of threads pulling Tasks. Runs go file to file (copy_file_range,
+// or pread + cast + pwrite); slabs gather through bounded staging; LoRA folds run slab by
+// slab through an fp32 sgemm. All staging comes from one budget derived from --memory-limit.
+#include <cblas.h>
+#include <fcntl.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <condition_variable>
+#include <exception>
+#include <memory>
+#include <mutex>
+#include <thread>
+
+#include "exec/convert_cpu.hpp"
+#include "exec/gather.hpp"
+#include "exec/io.hpp"
+#include "exec/tasks.hpp"
+#include "shardmerge/error.hpp"
+#include "shardmerge/executor.hpp"
+#include "util/file.hpp"
+#include "util/progress.hpp"
+#include "util/rss.hpp"
+#include "util/trace.hpp"
+
+namespace shardmerge {
+namespace {
+
+constexpr uint64_t kMiB = 1ull << 20;
+// Resident memory that is not staging: code, libraries, OpenBLAS per-thread buffers, plan.
+constexpr uint64_t kReserve = 64 * kMiB;
+
+struct AlignedBuffer {
+  explicit AlignedBuffer(size_t n) : size(n), data(static_cast<uint8_t*>(std::aligned_alloc(64, (n + 63) / 64 * 64))) {
+    if (!data) throw Error("out of memory allocating a " + std::to_string(n) + "-byte staging buffer");
+  }
+  ~AlignedBuffer() { std::free(data); }
+  AlignedBuffer(const AlignedBuffer&) = delete;
+  AlignedBuffer& operator=(const AlignedBuffer&) = delete;
+  size_t size;
+  uint8_t* data;
+};
+
+// Bytes that fold tasks may hold beyond the workers' fixed staging; a task waits until its
+// share is free, so the total never exceeds the budget.
+class MemoryBudget {
+ public:
+  explicit MemoryBudget(uint64_t bytes) : free_(bytes), total_(bytes) {}
+  void acquire(uint64_t n) {
+    if (n > total_)
+      throw Error("needs " + std::to_string(n / kMiB) + " MiB of staging, more than --memory-limit leaves (" +
+                  std::to_string(total_ / kMiB) + " MiB); raise --memory-limit");
+    std::unique_lock<std::mutex> lock(mutex_);
+    cv_.wait(lock, [&] { return free_ >= n; });
+    free_ -= n;
+  }
+  void release(uint64_t n) {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      free_ += n;
+    }
+    cv_.notify_all();
+  }
+
+ private:
+  std::mutex mutex_;
+  std::condition_variable cv_;
+  uint64_t free_, total_;
+};
+
+class CpuRun {
+ public:
+  CpuRun(const MergePlan& plan, const OutputSink& out, const ExecOptions& opt) : plan_(plan), out_(out), opt_(opt) {
+    for (const SourceFile& s : plan.sources) {
+      File f = File::open_read(s.path);
+      if (f.size() != s.size)
+        throw Error("changed since the plan was made (" + std::to_string(s.size) + " bytes then, " +
+                    std::to_string(f.size()) + " now)")
+            .file(s.path);
+      ::posix_fadvise(f.fd(), 0, 0, POSIX_FADV_SEQUENTIAL);
+      sources_.fds.push_back(f.fd());
+      sources_.names.push_back(s.path);
+      files_.push_back(std::move(f));
+    }
+    threads_ = opt.threads ? opt.threads : std::max(1u, std::thread::hardware_concurrency());
+    // Two staging buffers per worker (read, convert) take half of what the limit leaves;
+    // fold tasks draw on the other half.
+    const uint64_t baseline = current_rss_bytes() + kReserve;
+    if (opt.memory_limit < baseline + 8 * kMiB)
+      throw usage_error("--memory-limit " + std::to_string(opt.memory_limit / kMiB) + " MiB is below the " +
+                        std::to_string((baseline + 8 * kMiB) / kMiB) + " MiB this process needs at minimum");
+    const uint64_t avail = opt.memory_limit - baseline;
+    staging_ = std::clamp<uint64_t>(avail / 2 / (2 * threads_), kMiB, 32 * kMiB);
+    budget_ = std::make_unique<MemoryBudget>(avail - 2 * staging_ * threads_);
+    limits_.run_bytes = staging_;
+    limits_.slab_bytes = staging_;
+  }
+
+  ExecStats run() {
+    openblas_set_num_threads(1);  // parallelism comes from our workers
+    tasks_ = make_tasks(plan_, limits_);
+    std::vector<std::thread> workers;
+    for (unsigned i = 0; i < std::min<size_t>(threads_, std::max<size_t>(1, tasks_.size())); ++i)
+      workers.emplace_back([this] { worker(); });
+    for (auto& w : workers) w.join();
+    if (error_) std::rethrow_exception(error_);
+    ExecStats stats;
+    stats.bytes_read = bytes_read_.load();
+    stats.bytes_written = bytes_written_.load();
+    stats.tasks = tasks_.size();
+    stats.lora_folds = folds_.load();
+    return stats;
+  }
+
+ private:
+  void worker() {
+    try {
+      AlignedBuffer read(staging_), conv(staging_);
+      while (!failed_.load()) {
+        const size_t i = next_.fetch_add(1);
+        if (i >= tasks_.size()) break;
+        const Task& t = tasks_[i];
+        try {
+          switch (t.kind) {
+            case Task::Kind::Run: run_task(t, read, conv); break;
+            case Task::Kind::Slab: slab_task(t, read, conv); break;
+            case Task::Kind::Fold: fold_task(t, read); break;
+          }
+        } catch (Error& e) {
+          e.tensor(plan_.tensors[t.tensor].name);
+          throw;
+        }
+      }
+    } catch (...) {
+      std::lock_guard<std::mutex> lock(error_mutex_);
+      if (!error_) error_ = std::current_exception();
+      failed_ = true;
+    }
+  }
+
+  void wrote(uint64_t n) {
+    bytes_written_ += n;
+    if (opt_.progress) opt_.progress->add(n);
+  }
+
+  void run_task(const Task& t, AlignedBuffer& read, AlignedBuffer& conv) {
+    const OutputTensor& out = plan_.tensors[t.tensor];
+    const uint64_t in_bytes = t.count * dtype_size(t.src_dtype);
+    const uint64_t out_bytes = t.count * dtype_size(out.dtype);
+    const int src_fd = sources_.fds[t.src_file];
+    if (t.src_dtype == out.dtype) {
+      auto scope = trace("copy", in_bytes);
+      if (!out_.copy_from(src_fd, t.src_offset, out.file, t.dst_offset, in_bytes)) {
+        pread_exact(src_fd, t.src_offset, read.data, in_bytes, sources_.names[t.src_file]);
+        out_.write(out.file, t.dst_offset, read.data, in_bytes);
+      }
+    } else {
+      {
+        auto scope = trace("read", in_bytes);
+        pread_exact(src_fd, t.src_offset, read.data, in_bytes, sources_.names[t.src_file]);
+      }
+      {
+        auto scope = trace("cast", out_bytes);
+        convert_elements(read.data, t.src_dtype, 1, conv.data, out.dtype, t.count);
+      }
+      auto scope = trace("write", out_bytes);
+      out_.write(out.file, t.dst_offset, conv.data, out_bytes);
+    }
+    bytes_read_ += in_bytes;
+    wrote(out_bytes);
+  }
+
+  void slab_task(const Task& t, AlignedBuffer& read, AlignedBuffer& conv) {
+    const OutputTensor& out = plan_.tensors[t.tensor];
+    const uint64_t out_bytes = t.box.numel() * dtype_size(out.dtype);
+    {
+      auto scope = trace("gather", out_bytes);
+      Gatherer g(sources_, read.data, read.size);
+      bytes_read_ += g.gather(out.copies, t.box, conv.data, out.dtype);
+    }
+    auto scope = trace("write", out_bytes);
+    out_.write(out.file, t.dst_offset, conv.data, out_bytes);
+    wrote(out_bytes);
+  }
+
+  // W' = W + scale * B @ A (or its transpose for fan_in_fan_out / embeddings) in fp32, in
+  // slabs of W's rows; the whole A (or B) stays resident for the tensor.
+  void fold_task(const Task& t, AlignedBuffer& read) {
+    const OutputTensor& out = plan_.tensors[t.tensor];
+    const LoraFold& f = *out.lora;
+    const int64_t rows = out.shape.at(0), cols = out.shape.at(1), r = f.rank;
+    const bool tr = f.fan_in_fan_out;
+    // Non-transposed: W [out, in] += B[out, r] @ A[r, in]: slab rows of W need rows of B and all of A.
+    // Transposed:     W [in, out] += (B @ A)^T = A^T @ B^T: slab rows of W need columns of A and all of B.
+    const int64_t slab_rows = std::clamp<int64_t>(static_cast<int64_t>(staging_ / (4 * cols)), 1, rows);
+    const uint64_t resident = static_cast<uint64_t>(r * cols) * 4;  // all of A [r, in] or of B [out, r]
+    const uint64_t per_slab = static_cast<uint64_t>(slab_rows * cols) * (4 + dtype_size(out.dtype)) +
+                              static_cast<uint64_t>(slab_rows * r) * 4;
+    budget_->acquire(resident + per_slab);
+    struct Release {
+      MemoryBudget& b;
+      uint64_t n;
+      ~Release() { b.release(n); }
+    } release{*budget_, resident + per_slab};
+
+    Gatherer g(sources_, read.data, read.size);
+    AlignedBuffer whole(resident), w32(static_cast<size_t>(slab_rows * cols) * 4),
+        part(static_cast<size_t>(slab_rows * r) * 4), wout(static_cast<size_t>(slab_rows * cols) * dtype_size(out.dtype));
+    {
+      auto scope = trace("read", resident);
+      bytes_read_ += tr ? g.gather(f.b, Box{{0, 0}, {cols, r}}, whole.data, DType::F32)
+                        : g.gather(f.a, Box{{0, 0}, {r, cols}}, whole.data, DType::F32);
+    }
+    for (int64_t r0 = 0; r0 < rows; r0 += slab_rows) {
+      const int64_t n = std::min(slab_rows, rows - r0);
+      auto* w = reinterpret_cast<float*>(w32.data);
+      auto* p = reinterpret_cast<float*>(part.data);
+      const auto* all = reinterpret_cast<const float*>(whole.data);
+      {
+        auto scope = trace("gather", static_cast<uint64_t>(n * cols) * 4);
+        bytes_read_ += g.gather(out.copies, Box{{r0, 0}, {n, cols}}, w, DType::F32);
+        bytes_read_ += tr ? g.gather(f.a, Box{{0, r0}, {r, n}}, p, DType::F32)
+                          : g.gather(f.b, Box{{r0, 0}, {n, r}}, p, DType::F32);
+      }
+      {
+        auto scope = trace("fold", static_cast<uint64_t>(2 * n * cols * r));
+        const auto scale = static_cast<float>(f.scale);
+        if (tr) {  // W[n, out] += scale * A_cols^T [n, r] @ B^T [r, out]
+          cblas_sgemm(CblasRowMajor, CblasTrans, CblasTrans, static_cast<int>(n), static_cast<int>(cols), static_cast<int>(r),
+                      scale, p, static_cast<int>(n), all, static_cast<int>(r), 1.0f, w, static_cast<int>(cols));
+        } else {  // W[n, in] += scale * B_rows [n, r] @ A [r, in]
+          cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, static_cast<int>(n), static_cast<int>(cols),
+                      static_cast<int>(r), scale, p, static_cast<int>(r), all, static_cast<int>(cols), 1.0f, w,
+                      static_cast<int>(cols));
+        }
+        for (int64_t i = 0; i < n * cols; ++i)
+          if (!std::isfinite(w[i]))
+            throw Error("LoRA fold produced a non-finite value at [" + std::to_string(r0 + i / cols) + ", " +
+                        std::to_string(i % cols) + "]");
+        convert_elements(w, DType::F32, 1, wout.data, out.dtype, static_cast<size_t>(n * cols));
+      }
+      const uint64_t bytes = static_cast<uint64_t>(n * cols) * dtype_size(out.dtype);
+      auto scope = trace("write", bytes);
+      out_.write(out.file, out.offset + static_cast<uint64_t>(r0 * cols) * dtype_size(out.dtype), wout.data, bytes);
+      wrote(bytes);
+    }
+    ++folds_;
+  }
+
+  Trace::Scope trace(const char* name, uint64_t bytes) {
+    return opt_.trace ? opt_.trace->scope(name, bytes) : Trace::Scope(nullptr, name, bytes);
+  }
+
+  const MergePlan& plan_;
+  const OutputSink& out_;
+  const ExecOptions& opt_;
+  std::vector<File> files_;
+  SourceFds sources_;
+  unsigned threads_ = 1;
+  uint64_t staging_ = 0;
+  std::unique_ptr<MemoryBudget> budget_;
+  TaskLimits limits_;
+  std::vector<Task> tasks_;
+  std::atomic<size_t> next_{0};
+  std::atomic<bool> failed_{false};
+  std::mutex error_mutex_;
+  std::exception_ptr error_;
+  std::atomic<uint64_t> bytes_read_{0}, bytes_written_{0}, folds_{0};
+};
+
+class CpuExecutor : public Executor {
+ public:
+  std::string name() const override { return "cpu"; }
+  ExecStats run(const MergePlan& plan, const OutputSink& out, const ExecOptions& options) override {
+    CpuRun run(plan, out, options);
+    return run.run();
+  }
+};
+
+}  // namespace
+
+std::unique_ptr<Executor> make_cpu_executor() { return std::make_unique<CpuExecutor>(); }
+
+}  // namespace shardmerge

@@ -1,0 +1,124 @@
+// A restricted pickle virtual machine (protocols 0-5, every opcode). It never imports or
+// calls anything: GLOBALs become inert Global values, and REDUCE/NEWOBJ/BUILD of callables
+// build inert Object values, so parsing goes on past unknown classes and data nested anywhere
+// is still found. A small, explicit allowlist of reconstructors is evaluated instead of being
+// left opaque: the generic Python ones here (OrderedDict, set, frozenset, bytes, bytearray,
+// _codecs.encode, getattr on a Global), and whatever a `Reconstructors` hook adds (torch's).
+//
+// Values live in an arena owned by the Document; references between them are plain
+// pointers, so memo sharing and even reference cycles are cheap and safe to destroy.
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+namespace shardmerge::pickle {
+
+enum class Kind : uint8_t {
+  None,
+  Bool,
+  Int,     // fits int64
+  BigInt,  // wider integers: `text` holds the little-endian two's-complement bytes
+  Float,
+  Str,
+  Bytes,
+  Tuple,
+  List,
+  Dict,
+  Set,
+  FrozenSet,
+  Global,  // a class or function reference: module + name, never resolved
+  Object,  // an instance built by NEWOBJ/REDUCE/INST/OBJ of a callable we do not evaluate
+  Native,  // a value built by an allowlisted reconstructor (see Reconstructors)
+};
+
+const char* kind_name(Kind k);
+
+// Payload of a Native value; reconstructor hooks define their own subclasses.
+struct Native {
+  virtual ~Native() = default;
+};
+
+struct Value {
+  Kind kind = Kind::None;
+  bool boolean = false;
+  int64_t integer = 0;
+  double real = 0;
+  std::string text;                                   // Str, Bytes, BigInt bytes, Global module
+  std::string name;                                   // Global name
+  std::vector<Value*> items;                          // Tuple, List, Set, FrozenSet; APPENDs on an Object
+  std::vector<std::pair<Value*, Value*>> entries;     // Dict; SETITEMs on an Object
+  Value* callable = nullptr;                          // Object: the class or function
+  Value* args = nullptr;                              // Object: its argument tuple
+  Value* kwargs = nullptr;                            // Object: NEWOBJ_EX keyword arguments
+  Value* state = nullptr;                             // BUILD state (any kind)
+  std::unique_ptr<Native> native;                     // Native payload
+
+  bool is(Kind k) const { return kind == k; }
+  bool is_global(std::string_view module, std::string_view name) const;
+  bool is_sequence() const { return kind == Kind::Tuple || kind == Kind::List; }
+  // An Object whose class is the given Global.
+  bool is_instance_of(std::string_view module, std::string_view name) const;
+
+  // Checked accessors: throw an Error that names what was expected and what was found.
+  int64_t as_int() const;
+  double as_float() const;  // Int or Float
+  bool as_bool() const;
+  const std::string& as_str() const;
+  const std::vector<Value*>& as_sequence() const;  // Tuple or List
+
+  // Dict lookup by string key (also works on an Object's SETITEMs); nullptr when absent.
+  const Value* get(std::string_view key) const;
+
+  template <typename T>
+  const T* native_as() const {
+    return kind == Kind::Native ? dynamic_cast<const T*>(native.get()) : nullptr;
+  }
+};
+
+class Document;
+
+// The allowlist extension point. Each hook returns the value to push, or nullptr to leave
+// the operation opaque (an inert Object). Hooks must not execute anything either.
+class Reconstructors {
+ public:
+  virtual ~Reconstructors() = default;
+  virtual Value* reduce(Document& doc, const Value& callable, Value& args) = 0;
+  // BINPERSID/PERSID: the default is an inert Object wrapping the id.
+  virtual Value* persistent_load(Document& doc, Value& pid) = 0;
+};
+
+struct Limits {
+  uint64_t max_values = 50'000'000;  // arena size; the input length bounds it anyway
+};
+
+class Document {
+ public:
+  Document() = default;
+  Document(Document&&) = default;
+  Document& operator=(Document&&) = default;
+
+  const Value& root() const { return *root_; }
+  Value* make(Kind kind);
+  Value* make_str(std::string text, Kind kind = Kind::Str);
+  Value* make_int(int64_t v);
+  Value* make_global(std::string module, std::string name);
+  size_t size() const { return arena_.size(); }
+
+ private:
+  friend Document parse(std::string_view, Reconstructors*, const Limits&);
+  std::deque<Value> arena_;
+  Value* root_ = nullptr;
+  uint64_t max_values_ = Limits{}.max_values;
+};
+
+// Runs the VM over one pickle (up to and including STOP). Throws Error("pickle: ...") with
+// the opcode and byte position on malformed input.
+Document parse(std::string_view data, Reconstructors* hooks = nullptr, const Limits& limits = {});
+
+}  // namespace shardmerge::pickle

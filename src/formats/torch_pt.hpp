@@ -1,0 +1,109 @@
+// torch.save files as data: which tensors a file holds, their dtypes, shapes and strides,
+// and where their bytes are. DTensor (FSDP2, FSDP1 with a device mesh) and ShardedTensor
+// (FSDP1 without one) are decoded into their local pieces and global metadata. Nothing is
+// executed and no tensor bytes are read.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <unordered_map>
+#include <variant>
+#include <vector>
+
+#include "formats/pickle.hpp"
+#include "shardmerge/dtype.hpp"
+
+namespace shardmerge {
+
+// A strided view into one storage record (`<archive>/data/<key>`) of a torch.save archive.
+struct TensorView {
+  DType dtype = DType::F32;
+  std::string storage_key;
+  uint64_t storage_nbytes = 0;  // from the persistent id; the record must be exactly this big
+  int64_t storage_offset = 0;   // in elements
+  std::vector<int64_t> size;
+  std::vector<int64_t> stride;  // in elements
+  bool negated = false;         // torch's lazy .neg() bit: the stored bytes are not negated
+  bool conjugated = false;
+
+  uint64_t numel() const;
+  bool is_contiguous() const;  // row-major dense
+};
+
+enum class PlacementKind { Shard, StridedShard, Replicate, Partial };
+
+struct Placement {
+  PlacementKind kind = PlacementKind::Replicate;
+  int64_t dim = 0;           // Shard / StridedShard
+  int64_t split_factor = 1;  // StridedShard
+  std::string reduce_op;     // Partial
+  std::string to_string() const;  // "Shard(0)", "_StridedShard(0, sf=2)", "Replicate()", "Partial(sum)"
+};
+
+struct DeviceMeshInfo {
+  std::vector<int64_t> shape;
+  std::vector<std::string> dim_names;  // empty when the mesh has none
+  std::vector<int64_t> coordinate;     // this rank's coordinate; empty when the pickle lacks it
+};
+
+struct DTensorValue {
+  std::vector<int64_t> global_size;
+  TensorView local;
+  DeviceMeshInfo mesh;
+  std::vector<Placement> placements;  // one per mesh dim
+  // DTensorSpec.shard_order (torch >= 2.9): per sharded tensor dim, the mesh dims in the
+  // order they shard it. Empty means left to right, torch's default.
+  std::vector<std::pair<int64_t, std::vector<int64_t>>> shard_order;
+};
+
+// FSDP1 SHARDED_STATE_DICT without a device mesh (torch.distributed._shard).
+struct ShardedTensorValue {
+  struct LocalShard {
+    std::vector<int64_t> offsets;
+    TensorView view;
+  };
+  struct ShardMeta {
+    std::vector<int64_t> offsets;
+    std::vector<int64_t> sizes;
+    std::string placement;  // e.g. "rank:1/cpu"
+  };
+  std::vector<int64_t> global_size;
+  DType dtype = DType::F32;
+  std::vector<LocalShard> local_shards;
+  std::vector<ShardMeta> all_shards;
+};
+
+struct StateEntry {
+  std::string name;  // dotted path in the saved object ("model.layers.0.mlp.up_proj.weight")
+  std::variant<TensorView, DTensorValue, ShardedTensorValue> value;
+
+  DType dtype() const;
+  std::vector<int64_t> global_shape() const;
+  bool is_plain() const { return std::holds_alternative<TensorView>(value); }
+};
+
+class TorchFile {
+ public:
+  // Reads the zip directory and data.pkl of `path`; throws an Error naming the file.
+  static TorchFile open(const std::string& path);
+
+  const std::string& path() const { return path_; }
+  uint64_t file_size() const { return file_size_; }
+  const std::vector<StateEntry>& entries() const { return entries_; }
+  // Absolute file offset of the first byte of a view's storage record.
+  uint64_t storage_offset_in_file(const TensorView& view) const;
+
+ private:
+  std::string path_;
+  uint64_t file_size_ = 0;
+  std::unordered_map<std::string, uint64_t> storage_offsets_;  // key -> record data offset
+  std::vector<StateEntry> entries_;
+};
+
+// The pickle layer of a torch.save file, exposed for tests and for DCP items (whose chunks are
+// embedded torch.save archives): parse with torch's reconstructors on the allowlist, then
+// collect every tensor reachable from the root, named by its dotted path.
+pickle::Document parse_torch_pickle(std::string_view data);
+std::vector<StateEntry> collect_tensors(const pickle::Value& root);
+
+}  // namespace shardmerge

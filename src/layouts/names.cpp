@@ -1,0 +1,68 @@
+#include "layouts/names.hpp"
+
+#include <algorithm>
+#include <charconv>
+
+namespace shardmerge::layouts {
+namespace {
+
+// Parses a non-negative decimal that spans [p, end) exactly.
+bool parse_int(const char* p, const char* end, int64_t& out) {
+  if (p == end) return false;
+  auto r = std::from_chars(p, end, out);
+  return r.ec == std::errc() && r.ptr == end && out >= 0;
+}
+
+}  // namespace
+
+std::optional<RankFileName> parse_rank_file_name(const std::string& name, const std::string& prefix) {
+  const std::string head = prefix + "_world_size_";
+  const std::string mid = "_rank_";
+  const std::string tail = ".pt";
+  if (name.size() <= head.size() + mid.size() + tail.size() || name.compare(0, head.size(), head) != 0 ||
+      name.compare(name.size() - tail.size(), tail.size(), tail) != 0)
+    return std::nullopt;
+  const size_t m = name.find(mid, head.size());
+  if (m == std::string::npos) return std::nullopt;
+  RankFileName r;
+  if (!parse_int(name.data() + head.size(), name.data() + m, r.world_size) ||
+      !parse_int(name.data() + m + mid.size(), name.data() + name.size() - tail.size(), r.rank))
+    return std::nullopt;
+  return r;
+}
+
+std::string rank_file_name(const std::string& prefix, int64_t world_size, int64_t rank) {
+  return prefix + "_world_size_" + std::to_string(world_size) + "_rank_" + std::to_string(rank) + ".pt";
+}
+
+std::optional<MpRankName> parse_mp_rank_dir(const std::string& name) {
+  const std::string head = "mp_rank_";
+  if (name.compare(0, head.size(), head) != 0) return std::nullopt;
+  std::vector<int64_t> parts;
+  size_t pos = head.size();
+  while (pos <= name.size()) {
+    size_t next = name.find('_', pos);
+    if (next == std::string::npos) next = name.size();
+    int64_t v = 0;
+    if (!parse_int(name.data() + pos, name.data() + next, v)) return std::nullopt;
+    parts.push_back(v);
+    pos = next + 1;
+  }
+  if (parts.empty() || parts.size() > 3) return std::nullopt;
+  MpRankName r;
+  r.tp = parts[0];
+  if (parts.size() >= 2) r.pp = parts[1];
+  if (parts.size() == 3) r.ep = parts[2];
+  return r;
+}
+
+std::vector<std::string> list_mp_rank_dirs(const std::filesystem::path& model_dir) {
+  std::vector<std::string> out;
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator(model_dir, ec))
+    if (e.is_directory() && parse_mp_rank_dir(e.path().filename().string())) out.push_back(e.path().string());
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+}  // namespace shardmerge::layouts

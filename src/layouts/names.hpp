@@ -1,0 +1,30 @@
+// verl's file and directory naming conventions.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace shardmerge::layouts {
+
+struct RankFileName {
+  int64_t world_size = 0;
+  int64_t rank = 0;
+};
+
+// "<prefix>_world_size_<W>_rank_<R>.pt" (prefix: model, optim, extra_state).
+std::optional<RankFileName> parse_rank_file_name(const std::string& name, const std::string& prefix);
+std::string rank_file_name(const std::string& prefix, int64_t world_size, int64_t rank);
+
+// Megatron legacy per-rank directories "mp_rank_<tp:02>[_<pp:03>][_<ep:03>]".
+struct MpRankName {
+  int64_t tp = 0;
+  std::optional<int64_t> pp;
+  std::optional<int64_t> ep;
+};
+std::optional<MpRankName> parse_mp_rank_dir(const std::string& name);
+std::vector<std::string> list_mp_rank_dirs(const std::filesystem::path& model_dir);
+
+}  // namespace shardmerge::layouts

@@ -1,0 +1,173 @@
+#include "plan/build.hpp"
+
+#include <cstdio>
+#include <filesystem>
+#include <unordered_map>
+#include <unordered_set>
+
+#include "formats/safetensors.hpp"
+#include "plan/sharding.hpp"
+#include "shardmerge/error.hpp"
+
+namespace shardmerge {
+namespace {
+
+std::string shard_file_name(const std::string& stem, size_t index, size_t count) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "-%05zu-of-%05zu.safetensors", index + 1, count);
+  return stem + buf;
+}
+
+// huggingface_hub's split_state_dict_into_shards_factory: greedy, in order; a tensor larger
+// than the limit gets a shard of its own and the current shard stays open.
+std::vector<std::vector<size_t>> split_into_shards(const std::vector<uint64_t>& sizes, uint64_t max_shard) {
+  std::vector<std::vector<size_t>> shards;
+  std::vector<size_t> current;
+  uint64_t current_size = 0;
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    if (sizes[i] > max_shard) {
+      shards.push_back({i});
+      continue;
+    }
+    if (current_size + sizes[i] > max_shard && !current.empty()) {
+      shards.push_back(std::move(current));
+      current.clear();
+      current_size = 0;
+    }
+    current.push_back(i);
+    current_size += sizes[i];
+  }
+  if (!current.empty()) shards.push_back(std::move(current));
+  return shards;
+}
+
+}  // namespace
+
+std::optional<DType> config_dtype(const nlohmann::ordered_json& config) {
+  for (const char* key : {"torch_dtype", "dtype"}) {
+    if (config.is_object() && config.contains(key) && config[key].is_string()) {
+      std::string s = config[key].get<std::string>();
+      if (s.rfind("torch.", 0) == 0) s = s.substr(6);
+      if (auto t = dtype_from_torch_name(s)) return t;
+    }
+  }
+  return std::nullopt;
+}
+
+MergePlan build_plan(const PlanInput& input, const OutputOptions& options) {
+  MergePlan plan;
+  plan.source_dir = input.source_dir;
+  plan.layout = input.sources->description;
+  plan.sources = input.sources->files;
+  plan.notes = input.sources->notes;
+  plan.notes.insert(plan.notes.end(), input.notes.begin(), input.notes.end());
+
+  // The dtype float tensors are written in.
+  std::optional<DType> float_dtype;
+  if (options.dtype_policy == DTypePolicy::Fixed) {
+    float_dtype = options.dtype;
+  } else if (options.dtype_policy == DTypePolicy::Auto) {
+    if (input.hf && input.hf->has_config) float_dtype = config_dtype(input.hf->config);
+    if (!float_dtype) {
+      float_dtype = DType::BF16;
+      plan.notes.push_back("--dtype auto: config.json names no torch_dtype/dtype; writing bfloat16 as verl does");
+    }
+  }
+  if (float_dtype && *float_dtype != DType::BF16 && *float_dtype != DType::F16 && *float_dtype != DType::F32 &&
+      *float_dtype != DType::F64)
+    throw usage_error("output dtype must be bf16, fp16, fp32 or fp64, not " + std::string(dtype_name(*float_dtype)));
+
+  std::unordered_set<std::string> names;
+  for (const OutputGroup& group : input.groups) {
+    std::vector<OutputTensor> outs;
+    std::vector<uint64_t> sizes;
+    for (const PlannedTensor& p : group.tensors) {
+      if (!names.insert(group.subdir + "/" + p.name).second)
+        throw Error("two source tensors map to the same output name").tensor(p.name);
+      OutputTensor t;
+      t.name = p.name;
+      t.shape = p.source->shape;
+      const DType src = p.source->dtype;
+      t.dtype = (float_dtype && is_floating(src) && !p.keep_dtype) ? *float_dtype : src;
+      t.copies = p.source->pieces;
+      t.origin = p.source->origin;
+      if (p.fold) {
+        LoraFold fold;
+        fold.a = p.fold->a->pieces;
+        fold.b = p.fold->b->pieces;
+        fold.rank = p.fold->a->shape.at(0);
+        fold.scale = p.fold->scale;
+        fold.fan_in_fan_out = p.fold->fan_in_fan_out;
+        t.lora = std::move(fold);
+        t.origin += " + LoRA fold";
+      }
+      t.nbytes = TensorDecl{t.name, t.dtype, t.shape}.nbytes();
+      sizes.push_back(t.nbytes);
+      outs.push_back(std::move(t));
+    }
+    if (outs.empty()) continue;
+
+    const auto shards = split_into_shards(sizes, group.shard ? options.max_shard_size : UINT64_MAX);
+    const std::string prefix = group.subdir.empty() ? "" : group.subdir + "/";
+    nlohmann::ordered_json weight_map = nlohmann::ordered_json::object();
+    uint64_t total_size = 0, total_params = 0;
+    for (size_t s = 0; s < shards.size(); ++s) {
+      OutputFile file;
+      file.name = prefix + (shards.size() == 1 ? group.file_stem + ".safetensors"
+                                                : shard_file_name(group.file_stem, s, shards.size()));
+      std::vector<TensorDecl> decls;
+      for (size_t i : shards[s]) decls.push_back({outs[i].name, outs[i].dtype, outs[i].shape});
+      const SafetensorsLayout layout = layout_safetensors(decls);
+      file.header = layout.header;
+      file.size = layout.file_size;
+      const auto file_index = static_cast<uint32_t>(plan.files.size());
+      std::unordered_map<std::string, size_t> by_name;
+      for (size_t i : shards[s]) by_name.emplace(outs[i].name, i);
+      for (const auto& placed : layout.tensors) {
+        OutputTensor& t = outs[by_name.at(placed.name)];
+        t.file = file_index;
+        t.offset = placed.file_offset;
+        weight_map[placed.name] = std::filesystem::path(file.name).filename().string();
+      }
+      plan.files.push_back(std::move(file));
+    }
+    for (auto& t : outs) {
+      total_size += t.nbytes;
+      total_params += t.numel();
+      plan.tensors.push_back(std::move(t));
+    }
+    if (shards.size() > 1) {
+      // As transformers writes it: sorted keys, 2-space indent, trailing newline.
+      nlohmann::json index;
+      index["metadata"] = {{"total_parameters", total_params}, {"total_size", total_size}};
+      index["weight_map"] = nlohmann::json(weight_map);
+      plan.sidecars.push_back({prefix + group.file_stem + ".safetensors.index.json", "", index.dump(2) + "\n"});
+    }
+  }
+
+  if (input.hf) {
+    for (const auto& name : input.hf->sidecar_files) {
+      Sidecar s{name, (std::filesystem::path(input.hf->path) / name).string(), std::nullopt};
+      if (name == "config.json" && input.hf->has_config && float_dtype) {
+        // Say what the weights now are, in whichever key this transformers version used.
+        nlohmann::ordered_json cfg = input.hf->config;
+        const std::string dt(dtype_name(*float_dtype));
+        bool set = false;
+        for (const char* key : {"torch_dtype", "dtype"})
+          if (cfg.contains(key)) {
+            cfg[key] = dt;
+            set = true;
+          }
+        if (!set) cfg["torch_dtype"] = dt;
+        s.content = cfg.dump(2) + "\n";
+      }
+      plan.sidecars.push_back(std::move(s));
+    }
+  }
+  plan.sidecars.insert(plan.sidecars.end(), input.extra_sidecars.begin(), input.extra_sidecars.end());
+  if (!input.hf || !input.hf->has_config)
+    plan.notes.push_back("no HuggingFace config.json found beside the checkpoint: the output holds weights only");
+  return plan;
+}
+
+}  // namespace shardmerge

@@ -1,0 +1,61 @@
+// From described sources to a MergePlan: output names (backend mappings), output dtypes,
+// HF shard assignment, byte offsets, headers and sidecar files. Pure: opens no file.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "layouts/layout.hpp"
+#include "layouts/sources.hpp"
+#include "shardmerge/plan.hpp"
+
+namespace shardmerge {
+
+enum class DTypePolicy { Fixed, Auto, Keep };
+
+struct OutputOptions {
+  DTypePolicy dtype_policy = DTypePolicy::Fixed;
+  DType dtype = DType::BF16;            // with Fixed
+  uint64_t max_shard_size = 5'000'000'000;  // transformers v4 default ("5GB")
+};
+
+// One tensor of the output: where its data comes from, and an optional LoRA fold.
+struct PlannedTensor {
+  std::string name;
+  const SourceTensor* source = nullptr;
+  struct Fold {
+    const SourceTensor* a = nullptr;  // [r, in]
+    const SourceTensor* b = nullptr;  // [out, r]
+    double scale = 0;
+    bool fan_in_fan_out = false;
+  };
+  std::optional<Fold> fold;
+  bool keep_dtype = false;  // written in its source dtype whatever the policy (adapter tensors)
+};
+
+// A group of tensors written as one safetensors tree: the model (sharded, with an index) or
+// an extra single file such as lora_adapter/adapter_model.safetensors.
+struct OutputGroup {
+  std::string file_stem;  // "model" -> model.safetensors / model-0000i-of-0000N.safetensors
+  std::string subdir;     // "" or "lora_adapter"
+  bool shard = true;      // split at max_shard_size and write an index
+  std::vector<PlannedTensor> tensors;
+};
+
+struct PlanInput {
+  const SourceSet* sources = nullptr;
+  std::string source_dir;
+  std::vector<OutputGroup> groups;
+  const layouts::HfTree* hf = nullptr;  // config, tokenizer and other sidecars, if any
+  std::vector<Sidecar> extra_sidecars;
+  std::vector<std::string> notes;
+};
+
+MergePlan build_plan(const PlanInput& input, const OutputOptions& options);
+
+// The output dtype `auto` resolves to: config.json's torch_dtype / dtype.
+std::optional<DType> config_dtype(const nlohmann::ordered_json& config);
+
+}  // namespace shardmerge

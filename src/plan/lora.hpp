@@ -1,0 +1,60 @@
+// What to do with LoRA adapters: fold them into the base weights (W + scale * B @ A), export
+// them as a PEFT adapter beside the merged model, both, or drop them. Scales follow PEFT:
+// alpha / r, or alpha / sqrt(r) with rsLoRA, with per-module rank_pattern / alpha_pattern.
+#pragma once
+
+#include <map>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "plan/build.hpp"
+#include "plan/peft_names.hpp"
+
+namespace shardmerge {
+
+enum class LoraMode { Fold, Adapter, Both, Drop };
+std::optional<LoraMode> lora_mode_from_string(const std::string& s);
+
+struct LoraConfig {
+  std::optional<int64_t> r;
+  std::optional<double> alpha;
+  bool use_rslora = false;
+  bool fan_in_fan_out = false;
+  std::map<std::string, int64_t> rank_pattern;
+  std::map<std::string, double> alpha_pattern;
+  std::string task_type;
+  std::string source;                // file the values came from
+  nlohmann::ordered_json adapter_config;  // the original adapter_config.json, if any
+};
+
+// Reads adapter_config.json (PEFT) or lora_train_meta.json (verl); refuses PEFT types and
+// options we cannot reproduce exactly (DoRA, non-LoRA methods, lora_bias).
+LoraConfig lora_config_from_adapter_config(const nlohmann::json& config, const std::string& source);
+LoraConfig lora_config_from_train_meta(const nlohmann::json& meta, const std::string& source);
+
+// PEFT's scaling for one module (its HF path), given the rank its tensors have.
+double lora_scale(const LoraConfig& config, const std::string& module, int64_t rank);
+
+struct ModelGroupsInput {
+  const PeftSplit* split = nullptr;
+  LoraMode mode = LoraMode::Both;
+  std::optional<LoraConfig> config;  // needed for fold and adapter when LoRA is present
+  std::optional<double> alpha_override;
+  bool drop_tied_lm_head = false;
+};
+
+struct ModelGroups {
+  OutputGroup model;
+  std::optional<OutputGroup> adapter;     // lora_adapter/adapter_model.safetensors
+  std::optional<Sidecar> adapter_config;  // lora_adapter/adapter_config.json
+  std::vector<std::string> notes;
+};
+
+ModelGroups make_model_groups(const ModelGroupsInput& input);
+
+// A summary line per mode, for `inspect`.
+std::vector<std::string> describe_lora(const PeftSplit& split, const std::optional<LoraConfig>& config);
+
+}  // namespace shardmerge

@@ -1,0 +1,79 @@
+#include "plan/planner.hpp"
+
+#include <filesystem>
+
+#include "layouts/fsdp.hpp"
+#include "layouts/layout.hpp"
+#include "shardmerge/error.hpp"
+
+namespace shardmerge {
+namespace {
+
+bool config_ties_embeddings(const layouts::HfTree* hf) {
+  if (!hf || !hf->has_config) return false;
+  const auto& c = hf->config;
+  if (c.contains("tie_word_embeddings") && c["tie_word_embeddings"].is_boolean()) return c["tie_word_embeddings"].get<bool>();
+  // transformers' PretrainedConfig default is True; configs that omit it tie.
+  return true;
+}
+
+std::optional<LoraConfig> fsdp_lora_config(const layouts::FsdpRole& role) {
+  if (role.lora_adapter && role.lora_adapter->config.is_object())
+    return lora_config_from_adapter_config(role.lora_adapter->config, role.lora_adapter->path + "/adapter_config.json");
+  if (role.lora_train_meta) return lora_config_from_train_meta(*role.lora_train_meta, role.path + "/lora_train_meta.json");
+  return std::nullopt;
+}
+
+PlannedMerge plan_fsdp(const MergeRequest& req, const layouts::FsdpRole& role, std::vector<std::string> notes) {
+  PlannedMerge out;
+  out.role_dir = role.path;
+  out.sources = describe_fsdp(role);
+  const layouts::HfTree* hf = role.huggingface ? &*role.huggingface : nullptr;
+
+  const PeftSplit split = split_peft_names(out.sources);
+  const std::optional<LoraConfig> lora_config = split.lora.empty() ? std::nullopt : fsdp_lora_config(role);
+  out.lora_summary = describe_lora(split, lora_config);
+
+  ModelGroupsInput groups_in;
+  groups_in.split = &split;
+  groups_in.mode = req.lora;
+  groups_in.config = lora_config;
+  groups_in.alpha_override = req.lora_alpha;
+  groups_in.drop_tied_lm_head = req.tie_word_embedding || config_ties_embeddings(hf);
+  ModelGroups groups = make_model_groups(groups_in);
+
+  PlanInput in;
+  in.sources = &out.sources;
+  in.source_dir = role.path;
+  in.groups.push_back(std::move(groups.model));
+  if (groups.adapter) in.groups.push_back(std::move(*groups.adapter));
+  if (groups.adapter_config) in.extra_sidecars.push_back(*groups.adapter_config);
+  in.hf = hf;
+  in.notes = std::move(notes);
+  in.notes.insert(in.notes.end(), groups.notes.begin(), groups.notes.end());
+  if (req.is_value_model) in.notes.push_back("--is-value-model only changes Megatron merges; FSDP value heads are written as saved");
+  out.plan = build_plan(in, req.output);
+  return out;
+}
+
+}  // namespace
+
+PlannedMerge plan_merge(const MergeRequest& req) {
+  std::vector<std::string> notes;
+  const std::string role_dir = layouts::resolve_role_dir(req.local_dir, req.role, notes);
+  layouts::Layout layout = layouts::detect(role_dir);
+  for (const auto& w : layout.warnings) notes.push_back("warning: " + w);
+
+  const bool fsdp = layout.kind == layouts::Kind::FsdpRole;
+  const bool megatron = layout.kind == layouts::Kind::MegatronRole;
+  if (req.backend == "fsdp" && !fsdp)
+    throw Error(std::string("--backend fsdp, but this is a ") + layouts::kind_name(layout.kind)).file(role_dir);
+  if (req.backend == "megatron" && !megatron)
+    throw Error(std::string("--backend megatron, but this is a ") + layouts::kind_name(layout.kind)).file(role_dir);
+  if (fsdp) return plan_fsdp(req, std::get<layouts::FsdpRole>(layout.info), std::move(notes));
+  throw Error(std::string("cannot merge a ") + layouts::kind_name(layout.kind) + "; run `shardmerge inspect " + role_dir +
+              "` to see what it holds")
+      .file(role_dir);
+}
+
+}  // namespace shardmerge

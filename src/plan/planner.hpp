@@ -1,0 +1,35 @@
+// The host side of a merge: from a path on disk and the user's options to a MergePlan.
+// Dispatches on the detected layout (FSDP role dir today; Megatron and HF+adapter alongside).
+#pragma once
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "layouts/sources.hpp"
+#include "plan/build.hpp"
+#include "plan/lora.hpp"
+
+namespace shardmerge {
+
+struct MergeRequest {
+  std::string local_dir;     // role dir, step root or run root
+  std::string backend = "auto";  // auto | fsdp | megatron
+  std::string role = "actor";    // followed from a run or step root
+  OutputOptions output;
+  LoraMode lora = LoraMode::Both;
+  std::optional<double> lora_alpha;
+  bool tie_word_embedding = false;  // verl's flag: drop lm_head even if config.json does not say tied
+  bool is_value_model = false;
+};
+
+struct PlannedMerge {
+  MergePlan plan;
+  std::string role_dir;
+  std::vector<std::string> lora_summary;  // for inspect
+  SourceSet sources;                      // what the plan's slices point into
+};
+
+PlannedMerge plan_merge(const MergeRequest& request);
+
+}  // namespace shardmerge
