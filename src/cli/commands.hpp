@@ -14,5 +14,6 @@ void add_plan(CLI::App& app, Runner& run);
 void add_merge(CLI::App& app, Runner& run);
 void add_verify(CLI::App& app, Runner& run);
 void add_diff(CLI::App& app, Runner& run);
+void add_fold_lora(CLI::App& app, Runner& run);
 
 }  // namespace shardmerge::cli

@@ -16,6 +16,7 @@ int main(int argc, char** argv) {
   cli::add_merge(app, run);
   cli::add_verify(app, run);
   cli::add_diff(app, run);
+  cli::add_fold_lora(app, run);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

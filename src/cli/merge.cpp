@@ -44,17 +44,23 @@ void print_plan_human(const PlannedMerge& pm, int verbose) {
 
 struct MergeCli {
   MergeCliOptions common;
-  std::string target = "tmp";  // verl's default
-  unsigned threads = 0;
-  std::string memory_limit = "512MiB";
-  std::string device = "cpu";
-  std::string profile;
-  bool json = false;
-  bool verify = false;
-  bool force = false;
+  ExecCliOptions exec;
 };
 
-int run_merge(const MergeCli& o) {
+}  // namespace
+
+void add_exec_options(CLI::App* cmd, ExecCliOptions& o) {
+  cmd->add_option("--target_dir,--target-dir", o.target, "Output directory (created atomically)");
+  cmd->add_option("--threads", o.threads, "Worker threads (default: one per core)");
+  cmd->add_option("--memory-limit,--memory_limit", o.memory_limit, "Peak resident memory, e.g. 512MiB, 2GB");
+  cmd->add_option("--device", o.device, "Executor: cpu, cuda, cuda:0,1, auto");
+  cmd->add_option("--profile", o.profile, "Write a Chrome trace of the phases to this file");
+  cmd->add_flag("--json", o.json, "Print the summary as JSON");
+  cmd->add_flag("--verify", o.verify, "After writing, re-read the source and compare every output byte");
+  cmd->add_flag("--force", o.force, "Replace a non-empty target directory");
+}
+
+int write_merge(const std::function<PlannedMerge()>& make_plan, const ExecCliOptions& o) {
   const auto start = Clock::now();
   Trace trace(!o.profile.empty());
   if (o.device != "cpu" && o.device != "auto")
@@ -67,7 +73,7 @@ int run_merge(const MergeCli& o) {
   PlannedMerge pm;
   {
     auto scope = trace.scope("plan");
-    pm = plan_merge(to_request(o.common));
+    pm = make_plan();
   }
   const MergePlan& plan = pm.plan;
   if (!o.json) {
@@ -133,8 +139,6 @@ int run_merge(const MergeCli& o) {
   return 0;
 }
 
-}  // namespace
-
 void add_plan(CLI::App& app, Runner& run) {
   auto* cmd = app.add_subcommand("plan", "Print the merge plan: every output tensor and the source byte ranges it is made of");
   auto o = std::make_shared<MergeCliOptions>();
@@ -155,15 +159,10 @@ void add_merge(CLI::App& app, Runner& run) {
   auto* cmd = app.add_subcommand("merge", "Merge a checkpoint into a HuggingFace safetensors directory");
   auto o = std::make_shared<MergeCli>();
   add_merge_options(cmd, o->common);
-  cmd->add_option("--target_dir,--target-dir", o->target, "Output directory (created atomically)");
-  cmd->add_option("--threads", o->threads, "Worker threads (default: one per core)");
-  cmd->add_option("--memory-limit,--memory_limit", o->memory_limit, "Peak resident memory, e.g. 512MiB, 2GB");
-  cmd->add_option("--device", o->device, "Executor: cpu, cuda, cuda:0,1, auto");
-  cmd->add_option("--profile", o->profile, "Write a Chrome trace of the phases to this file");
-  cmd->add_flag("--json", o->json, "Print the summary as JSON");
-  cmd->add_flag("--verify", o->verify, "After writing, re-read the source and compare every output byte");
-  cmd->add_flag("--force", o->force, "Replace a non-empty target directory");
-  cmd->callback([&run, o] { run = [o] { return run_merge(*o); }; });
+  add_exec_options(cmd, o->exec);
+  cmd->callback([&run, o] {
+    run = [o] { return write_merge([o] { return plan_merge(to_request(o->common)); }, o->exec); };
+  });
 }
 
 }  // namespace shardmerge::cli

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <CLI/CLI.hpp>
+#include <functional>
 #include <string>
 
 #include "plan/planner.hpp"
@@ -24,5 +25,21 @@ struct MergeCliOptions {
 
 void add_merge_options(CLI::App* cmd, MergeCliOptions& o);
 MergeRequest to_request(const MergeCliOptions& o);
+
+// How a plan is carried out and written (`merge`, `fold-lora`).
+struct ExecCliOptions {
+  std::string target = "tmp";  // verl's default
+  unsigned threads = 0;
+  std::string memory_limit = "512MiB";
+  std::string device = "cpu";
+  std::string profile;
+  bool json = false;
+  bool verify = false;
+  bool force = false;
+};
+
+void add_exec_options(CLI::App* cmd, ExecCliOptions& o);
+// Plans (timed as the "plan" phase), writes the output tree, optionally verifies, prints the summary.
+int write_merge(const std::function<PlannedMerge()>& make_plan, const ExecCliOptions& o);
 
 }  // namespace shardmerge::cli

@@ -202,7 +202,8 @@ class Machine {
 
   Value* run() {
     while (true) {
-      if (pos_ >= data_.size()) fail("pickle data ends before STOP (truncated)");
+      if (pos_ >= data_.size())
+        throw Error("pickle: data ends at byte " + std::to_string(pos_) + " before STOP (truncated)");
       op_pos_ = pos_;
       op_ = static_cast<uint8_t>(data_[pos_++]);
       if (op_ == '.') {  // STOP
@@ -335,15 +336,18 @@ class Machine {
       if (!a.empty() && (a[0]->is_sequence() || a[0]->kind == Kind::Set)) s->items = a[0]->items;
       return s;
     }
-    if (g.is_global("_codecs", "encode") && !a.empty() && a[0]->kind == Kind::Str) {
-      // bytes pickled at protocol 2: the latin-1 text of the bytes, re-encoded.
+    if (g.is_global("_codecs", "encode") && a.size() == 2 && a[0]->kind == Kind::Str && a[1]->kind == Kind::Str &&
+        (a[1]->text == "latin1" || a[1]->text == "latin-1")) {
+      // bytes pickled at protocol 2: the latin-1 text of the bytes, re-encoded. Other encodings
+      // are not what Python writes for bytes, so they stay opaque rather than guessed at.
       std::string out;
       const std::string& s = a[0]->text;
       for (size_t i = 0; i < s.size(); ++i) {
         auto c = static_cast<uint8_t>(s[i]);
         if (c < 0x80) {
           out.push_back(static_cast<char>(c));
-        } else if ((c & 0xE0) == 0xC0 && i + 1 < s.size()) {  // U+0080..U+00FF as UTF-8
+        } else if ((c == 0xC2 || c == 0xC3) && i + 1 < s.size() &&
+                   (static_cast<uint8_t>(s[i + 1]) & 0xC0) == 0x80) {  // U+0080..U+00FF as UTF-8
           out.push_back(static_cast<char>(((c & 0x1F) << 6) | (static_cast<uint8_t>(s[++i]) & 0x3F)));
         } else {
           return nullptr;  // not latin-1 text: leave it opaque
@@ -404,8 +408,7 @@ std::string unquote_repr(std::string_view s, bool& ok) {
       case 'r': out.push_back('\r'); break;
       case '\\': case '\'': case '"': out.push_back(c); break;
       case 'x': {
-        if (i + 2 >= s.size() + 0 && i + 2 > s.size() - 1 + 1) return {};
-        if (i + 2 >= s.size() + 1) return {};
+        if (i + 2 >= s.size()) return {};  // needs two hex digits
         unsigned v = 0;
         auto r = std::from_chars(s.data() + i + 1, s.data() + i + 3, v, 16);
         if (r.ptr != s.data() + i + 3) return {};
@@ -480,7 +483,12 @@ void Machine::step() {
 
     // ---- marks and stack
     case '(': marks_.push_back(stack_.size()); break;  // MARK
-    case '0': pop(); break;                            // POP
+    case '0':  // POP: the top item, or a MARK when nothing is above it (protocol-0 recursive tuples)
+      if (!marks_.empty() && stack_.size() == marks_.back())
+        marks_.pop_back();
+      else
+        pop();
+      break;
     case '1': pop_mark(); break;                       // POP_MARK
     case '2': push(top()); break;                      // DUP
 

@@ -6,6 +6,7 @@
 #include "formats/zip.hpp"
 #include "shardmerge/error.hpp"
 #include "util/file.hpp"
+#include "util/shape.hpp"
 
 namespace shardmerge {
 
@@ -253,12 +254,6 @@ bool class_is(const Value& obj, std::string_view name) {
   return obj.kind == Kind::Object && obj.callable && obj.callable->kind == Kind::Global && obj.callable->name == name;
 }
 
-std::string shape_text(const std::vector<int64_t>& v) {
-  std::string s = "[";
-  for (size_t i = 0; i < v.size(); ++i) s += (i ? ", " : "") + std::to_string(v[i]);
-  return s + "]";
-}
-
 void check_view(const TensorView& v) {
   if (v.size.size() != v.stride.size()) throw decode_error("size and stride have different lengths");
   if (v.storage_offset < 0) throw decode_error("negative storage offset");
@@ -274,7 +269,7 @@ void check_view(const TensorView& v) {
   }
   if (empty) return;
   if ((last + 1) * elem > v.storage_nbytes)
-    throw decode_error("shape " + shape_text(v.size) + " with strides " + shape_text(v.stride) + " at offset " +
+    throw decode_error("shape " + shape_string(v.size) + " with strides " + shape_string(v.stride) + " at offset " +
                        std::to_string(v.storage_offset) + " needs " + std::to_string(static_cast<uint64_t>((last + 1) * elem)) +
                        " bytes of storage data/" + v.storage_key + ", which has " + std::to_string(v.storage_nbytes));
 }

@@ -22,8 +22,9 @@ struct SourceSet {
   std::vector<SourceFile> files;
   std::vector<SourceTensor> tensors;  // in checkpoint order
   std::vector<std::string> notes;
-
-  const SourceTensor* find(const std::string& name) const;
 };
+
+// Appends `more` to `set`, renumbering its file indices. Returns the index of its first tensor.
+size_t append_sources(SourceSet& set, SourceSet more);
 
 }  // namespace shardmerge

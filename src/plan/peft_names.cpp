@@ -36,9 +36,9 @@ class Splitter {
  public:
   explicit Splitter(PeftSplit& out) : out_(out) {
     for (size_t i = 0; i < out_.lora.size(); ++i) lora_index_[out_.lora[i].module] = i;
+    for (size_t i = 0; i < out_.base.size(); ++i) base_index_[out_.base[i].first] = i;
   }
 
-  // `peft_prefix`: whether names carry PEFT's "base_model.model." prefix (state dicts do,
   // `with_adapter_segment`: whether LoRA names carry the adapter name ("lora_A.default.weight").
   void add(const SourceTensor& t, bool with_adapter_segment) {
     std::string name = strip_wrapper_segments(t.name);
@@ -58,7 +58,7 @@ class Splitter {
       if (p == "base_layer") {
         std::vector<std::string> rest = parts;
         rest.erase(rest.begin() + static_cast<std::ptrdiff_t>(i));
-        out_.base.emplace_back(join_dots(rest, 0, rest.size()), &t);
+        add_base(join_dots(rest, 0, rest.size()), t);
         return;
       }
       if (p == "original_module") return;  // superseded by the trained modules_to_save copy
@@ -66,14 +66,24 @@ class Splitter {
         // <module>.modules_to_save.<adapter>.<param>
         if (i + 2 >= parts.size()) break;
         note_adapter(parts[i + 1]);
-        out_.base.emplace_back(join_dots(parts, 0, i) + "." + join_dots(parts, i + 2, parts.size()), &t);
+        add_base(join_dots(parts, 0, i) + "." + join_dots(parts, i + 2, parts.size()), t);
         return;
       }
     }
-    out_.base.emplace_back(name, &t);
+    add_base(name, t);
   }
 
  private:
+  void add_base(const std::string& name, const SourceTensor& t) {
+    auto [it, fresh] = base_index_.try_emplace(name, out_.base.size());
+    if (fresh) {
+      out_.base.emplace_back(name, &t);
+    } else {
+      out_.base[it->second].second = &t;
+      out_.replaced.push_back(name);
+    }
+  }
+
   void add_lora(const SourceTensor& t, const std::vector<std::string>& parts, size_t i, bool with_adapter) {
     const bool embedding = parts[i].rfind("lora_embedding_", 0) == 0;
     const bool is_a = parts[i].back() == 'A';
@@ -106,6 +116,7 @@ class Splitter {
 
   PeftSplit& out_;
   std::unordered_map<std::string, size_t> lora_index_;
+  std::unordered_map<std::string, size_t> base_index_;
 };
 
 }  // namespace
@@ -119,16 +130,15 @@ std::string strip_wrapper_segments(const std::string& name) {
   return out;
 }
 
-PeftSplit split_peft_names(const SourceSet& checkpoint) {
-  PeftSplit out;
-  Splitter splitter(out);
-  for (const auto& t : checkpoint.tensors) splitter.add(t, /*with_adapter_segment=*/true);
-  return out;
+void add_peft_tensors(PeftSplit& split, std::span<const SourceTensor> tensors, bool saved_adapter) {
+  Splitter splitter(split);
+  for (const auto& t : tensors) splitter.add(t, /*with_adapter_segment=*/!saved_adapter);
 }
 
-void add_adapter_tensors(PeftSplit& split, const SourceSet& adapter) {
-  Splitter splitter(split);
-  for (const auto& t : adapter.tensors) splitter.add(t, /*with_adapter_segment=*/false);
+PeftSplit split_peft_names(const SourceSet& checkpoint) {
+  PeftSplit out;
+  add_peft_tensors(out, checkpoint.tensors, false);
+  return out;
 }
 
 }  // namespace shardmerge

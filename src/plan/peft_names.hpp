@@ -5,6 +5,7 @@
 // (`lora_embedding_A/B`), and `modules_to_save` copies.
 #pragma once
 
+#include <span>
 #include <string>
 #include <utility>
 #include <vector>
@@ -25,14 +26,16 @@ struct PeftSplit {
   std::vector<LoraModule> lora;                                    // in order of first appearance
   std::vector<std::string> adapter_names;                          // adapter segments seen ("default")
   std::vector<std::string> unsupported;                            // keys of PEFT features we cannot fold
+  std::vector<std::string> replaced;  // base names given twice: the later tensor (e.g. an adapter's saved embedding) wins
 };
 
 // FSDP/FSDP2 wrapper and torch.compile segments removed ("_fsdp_wrapped_module." ...).
 std::string strip_wrapper_segments(const std::string& name);
 
-// A model state dict (base weights and, for PEFT models, adapter tensors).
+// Adds tensors named as in a model state dict (LoRA names carry the adapter name,
+// `lora_A.default.weight`) or, with `saved_adapter`, as in adapter_model.safetensors
+// (`lora_A.weight`). Pointers into `tensors` are kept: it must outlive `split`.
+void add_peft_tensors(PeftSplit& split, std::span<const SourceTensor> tensors, bool saved_adapter);
 PeftSplit split_peft_names(const SourceSet& checkpoint);
-// Adds the tensors of a saved PEFT adapter (adapter_model.safetensors) to `split`.
-void add_adapter_tensors(PeftSplit& split, const SourceSet& adapter);
 
 }  // namespace shardmerge

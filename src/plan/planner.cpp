@@ -3,6 +3,7 @@
 #include <filesystem>
 
 #include "layouts/fsdp.hpp"
+#include "layouts/hf.hpp"
 #include "layouts/layout.hpp"
 #include "shardmerge/error.hpp"
 
@@ -24,6 +25,21 @@ std::optional<LoraConfig> fsdp_lora_config(const layouts::FsdpRole& role) {
   return std::nullopt;
 }
 
+// Turns the model groups into a plan with the HF sidecars of `hf`.
+MergePlan finish_plan(const SourceSet& sources, const std::string& source_dir, ModelGroups groups,
+                      const layouts::HfTree* hf, std::vector<std::string> notes, const OutputOptions& output) {
+  PlanInput in;
+  in.sources = &sources;
+  in.source_dir = source_dir;
+  in.groups.push_back(std::move(groups.model));
+  if (groups.adapter) in.groups.push_back(std::move(*groups.adapter));
+  if (groups.adapter_config) in.extra_sidecars.push_back(*groups.adapter_config);
+  in.hf = hf;
+  in.notes = std::move(notes);
+  in.notes.insert(in.notes.end(), groups.notes.begin(), groups.notes.end());
+  return build_plan(in, output);
+}
+
 PlannedMerge plan_fsdp(const MergeRequest& req, const layouts::FsdpRole& role, std::vector<std::string> notes) {
   PlannedMerge out;
   out.role_dir = role.path;
@@ -40,23 +56,42 @@ PlannedMerge plan_fsdp(const MergeRequest& req, const layouts::FsdpRole& role, s
   groups_in.config = lora_config;
   groups_in.alpha_override = req.lora_alpha;
   groups_in.drop_tied_lm_head = req.tie_word_embedding || config_ties_embeddings(hf);
-  ModelGroups groups = make_model_groups(groups_in);
-
-  PlanInput in;
-  in.sources = &out.sources;
-  in.source_dir = role.path;
-  in.groups.push_back(std::move(groups.model));
-  if (groups.adapter) in.groups.push_back(std::move(*groups.adapter));
-  if (groups.adapter_config) in.extra_sidecars.push_back(*groups.adapter_config);
-  in.hf = hf;
-  in.notes = std::move(notes);
-  in.notes.insert(in.notes.end(), groups.notes.begin(), groups.notes.end());
-  if (req.is_value_model) in.notes.push_back("--is-value-model only changes Megatron merges; FSDP value heads are written as saved");
-  out.plan = build_plan(in, req.output);
+  if (req.is_value_model) notes.push_back("--is-value-model only changes Megatron merges; FSDP value heads are written as saved");
+  out.plan = finish_plan(out.sources, role.path, make_model_groups(groups_in), hf, std::move(notes), req.output);
   return out;
 }
 
 }  // namespace
+
+PlannedMerge plan_fold_lora(const FoldLoraRequest& req) {
+  PlannedMerge out;
+  out.role_dir = req.adapter_dir;
+  out.sources = layouts::describe_hf_weights(req.base_dir);
+  const size_t base_count = out.sources.tensors.size();
+  layouts::AdapterSources adapter = layouts::describe_adapter(req.adapter_dir);
+  append_sources(out.sources, std::move(adapter.tensors));
+  out.sources.description = "HF model " + req.base_dir + " + PEFT adapter " + req.adapter_dir;
+
+  PeftSplit split;
+  const std::span<const SourceTensor> all(out.sources.tensors);
+  add_peft_tensors(split, all.first(base_count), /*saved_adapter=*/false);
+  add_peft_tensors(split, all.subspan(base_count), /*saved_adapter=*/true);
+  std::vector<std::string> notes;
+  for (const auto& name : split.replaced)
+    notes.push_back("the adapter saves its own copy of " + name + " (e.g. a trained embedding); it replaces the base's");
+
+  const layouts::HfTree hf = layouts::read_hf_tree(req.base_dir);
+  const LoraConfig config = lora_config_from_adapter_config(adapter.config, adapter.config_path);
+  out.lora_summary = describe_lora(split, config);
+  ModelGroupsInput groups_in;
+  groups_in.split = &split;
+  groups_in.mode = req.lora;
+  groups_in.config = config;
+  groups_in.alpha_override = req.lora_alpha;
+  groups_in.drop_tied_lm_head = config_ties_embeddings(&hf);
+  out.plan = finish_plan(out.sources, req.adapter_dir, make_model_groups(groups_in), &hf, std::move(notes), req.output);
+  return out;
+}
 
 PlannedMerge plan_merge(const MergeRequest& req) {
   std::vector<std::string> notes;

@@ -32,4 +32,14 @@ struct PlannedMerge {
 
 PlannedMerge plan_merge(const MergeRequest& request);
 
+// `fold-lora`: a PEFT adapter directory folded into an HF model directory.
+struct FoldLoraRequest {
+  std::string base_dir;
+  std::string adapter_dir;
+  OutputOptions output;
+  LoraMode lora = LoraMode::Fold;
+  std::optional<double> lora_alpha;
+};
+PlannedMerge plan_fold_lora(const FoldLoraRequest& request);
+
 }  // namespace shardmerge

@@ -121,12 +121,6 @@ std::vector<Slice> view_to_slices(uint32_t file, uint64_t storage_offset_in_file
   }
 }
 
-std::string shape_string(const std::vector<int64_t>& shape) {
-  std::string s = "[";
-  for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
-  return s + "]";
-}
-
 std::optional<TilingProblem> check_tiling(const std::vector<int64_t>& shape, const std::vector<Slice>& slices) {
   const size_t ndim = shape.size();
   unsigned __int128 covered = 0;

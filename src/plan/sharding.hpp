@@ -10,6 +10,7 @@
 
 #include "formats/torch_pt.hpp"
 #include "shardmerge/plan.hpp"
+#include "util/shape.hpp"
 
 namespace shardmerge {
 
@@ -52,7 +53,5 @@ struct TilingProblem {
   std::string message;
 };
 std::optional<TilingProblem> check_tiling(const std::vector<int64_t>& shape, const std::vector<Slice>& slices);
-
-std::string shape_string(const std::vector<int64_t>& shape);
 
 }  // namespace shardmerge

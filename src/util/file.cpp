@@ -48,8 +48,8 @@ File File::open_read(const std::string& path) {
   return File(fd, path);
 }
 
-File File::create(const std::string& path) {
-  int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+File File::create(const std::string& path, bool overwrite) {
+  int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | (overwrite ? O_TRUNC : O_EXCL), 0644);
   if (fd < 0) throw sys_error("cannot create", path);
   return File(fd, path);
 }
@@ -118,8 +118,8 @@ std::string read_small_file(const std::string& path, size_t max_bytes) {
   return f.read_string(0, static_cast<size_t>(n));
 }
 
-void write_small_file(const std::string& path, const std::string& content) {
-  File f = File::create(path);
+void write_small_file(const std::string& path, const std::string& content, bool overwrite) {
+  File f = File::create(path, overwrite);
   f.write_exact(0, content.data(), content.size());
 }
 

@@ -18,8 +18,8 @@ class File {
   ~File();
 
   static File open_read(const std::string& path);
-  // Creates a new file for writing; fails if it exists.
-  static File create(const std::string& path);
+  // Creates a file for writing; fails if it exists unless `overwrite`.
+  static File create(const std::string& path, bool overwrite = false);
 
   bool is_open() const { return fd_ >= 0; }
   int fd() const { return fd_; }
@@ -43,6 +43,6 @@ class File {
 
 // Whole small files (JSON, trackers); refuses anything larger than max_bytes.
 std::string read_small_file(const std::string& path, size_t max_bytes = 64u << 20);
-void write_small_file(const std::string& path, const std::string& content);
+void write_small_file(const std::string& path, const std::string& content, bool overwrite = false);
 
 }  // namespace shardmerge

@@ -36,7 +36,7 @@ void Trace::write(const std::string& path) const {
     if (e.bytes) ev["args"] = {{"bytes", e.bytes}};
     events.push_back(std::move(ev));
   }
-  write_small_file(path, nlohmann::json({{"traceEvents", events}, {"displayTimeUnit", "ms"}}).dump());
+  write_small_file(path, nlohmann::json({{"traceEvents", events}, {"displayTimeUnit", "ms"}}).dump(), /*overwrite=*/true);
 }
 
 }  // namespace shardmerge

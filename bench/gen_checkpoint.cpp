@@ -1,0 +1,44 @@
+// shardmerge-gen: writes a synthetic verl FSDP2 checkpoint of a real model's shape, e.g.
+//   shardmerge-gen --model qwen2.5-0.5b --world-size 8 --out /data/run
+#include <CLI/CLI.hpp>
+#include <chrono>
+#include <cstdio>
+
+#include "shardmerge/error.hpp"
+#include "synthetic_fsdp.hpp"
+#include "util/units.hpp"
+
+int main(int argc, char** argv) {
+  using namespace shardmerge;
+  CLI::App app{"Write a synthetic verl FSDP2 checkpoint (torch.save layout of torch 2.15) of a real model shape"};
+  bench::SyntheticOptions o;
+  bool list = false;
+  app.add_option("--out", o.out_dir, "Run root to create");
+  app.add_option("--model", o.model, "Model shape (see --list)");
+  app.add_option("--world-size", o.world_size, "Number of rank files");
+  app.add_option("--lora-rank", o.lora_rank, "Add PEFT LoRA A/B on every linear layer with this rank");
+  app.add_option("--lora-alpha", o.lora_alpha, "lora_alpha written to lora_train_meta.json");
+  app.add_option("--dtype", o.dtype, "Parameter dtype: float32 or bfloat16");
+  app.add_option("--tokenizer-from", o.tokenizer_from, "Copy tokenizer files from this HF directory");
+  app.add_flag("--list", list, "List the model shapes");
+  CLI11_PARSE(app, argc, argv);
+  try {
+    if (list) {
+      for (const auto& m : bench::model_shapes())
+        std::printf("%-14s %s hidden=%ld layers=%ld vocab=%ld%s\n", m.name.c_str(), m.architecture.c_str(),
+                    static_cast<long>(m.hidden), static_cast<long>(m.layers), static_cast<long>(m.vocab),
+                    m.tied ? " tied" : "");
+      return 0;
+    }
+    if (o.out_dir.empty()) throw usage_error("--out is required");
+    const auto t0 = std::chrono::steady_clock::now();
+    const auto s = bench::write_synthetic_fsdp(o);
+    const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    std::printf("wrote %s: %.3fB parameters, %s of rank files in %.1f s\n", s.role_dir.c_str(),
+                static_cast<double>(s.parameters) / 1e9, format_bytes(s.rank_file_bytes).c_str(), secs);
+    return 0;
+  } catch (const Error& e) {
+    std::fprintf(stderr, "shardmerge-gen: error: %s\n", e.what());
+    return static_cast<int>(e.exit_code());
+  }
+}

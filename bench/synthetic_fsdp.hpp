@@ -1,0 +1,47 @@
+// Synthetic verl FSDP2 checkpoints of real model shapes (0.5B to 72B), written in torch 2.15's
+// exact torch.save layout by our own writer: DTensors with Shard(0) on an ("fsdp",) mesh,
+// padded local storages, tied lm_head sharing the embedding's storage, optional PEFT LoRA
+// tensors. Values are a pure function of (tensor, global element index), so any world size
+// of the same model merges to the same tensors, and a test can recompute any element.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace shardmerge::bench {
+
+struct ModelShape {
+  std::string name;   // "qwen2.5-0.5b"
+  std::string architecture;
+  std::string model_type;
+  int64_t hidden, intermediate, layers, heads, kv_heads, vocab;
+  bool tied, qkv_bias;
+};
+
+const std::vector<ModelShape>& model_shapes();
+const ModelShape& find_model(const std::string& name);
+
+struct SyntheticOptions {
+  std::string out_dir;    // the run root
+  std::string model = "qwen2.5-0.5b";
+  int64_t world_size = 8;
+  int64_t lora_rank = 0;  // > 0 adds PEFT LoRA A/B tensors on every linear layer
+  double lora_alpha = 16;
+  int64_t step = 1;
+  std::string tokenizer_from;  // copy tokenizer files from this HF dir (optional)
+  std::string dtype = "float32";  // float32 or bfloat16 parameters
+};
+
+struct SyntheticSummary {
+  std::string role_dir;
+  uint64_t rank_file_bytes = 0;
+  uint64_t parameters = 0;
+};
+
+SyntheticSummary write_synthetic_fsdp(const SyntheticOptions& options);
+
+// The value synthetic checkpoints hold at `index` of tensor number `tensor` (as fp32).
+float synthetic_value(uint64_t tensor, uint64_t index);
+
+}  // namespace shardmerge::bench

@@ -1,0 +1,16 @@
+// Shapes as text, for messages: "[251, 32]".
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace shardmerge {
+
+inline std::string shape_string(const std::vector<int64_t>& shape) {
+  std::string s = "[";
+  for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
+  return s + "]";
+}
+
+}  // namespace shardmerge
