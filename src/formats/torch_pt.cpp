@@ -117,6 +117,15 @@ class TorchReconstructors : public pickle::Reconstructors {
     if (g.is_global("torch._tensor", "_rebuild_from_type_v2") || g.is_global("torch._tensor", "_rebuild_from_type")) {
       // (func, new_type, func_args, state): evaluate func only if it is itself on the allowlist.
       if (a.size() < 3 || a[0]->kind != Kind::Global || a[2]->kind != Kind::Tuple) return nullptr;
+      // torch nests one level (a subclass around a rebuild function); a hostile file could nest
+      // them as deep as its length allows and overflow the stack here.
+      if (from_type_depth_ >= kMaxFromTypeNesting)
+        throw decode_error("tensor subclass reconstruction nested more than " + std::to_string(kMaxFromTypeNesting) +
+                           " levels deep");
+      struct Nesting {
+        int& depth;
+        ~Nesting() { --depth; }
+      } nesting{++from_type_depth_};
       Value* inner = reduce(doc, *a[0], *a[2]);
       const TensorNative* t = inner ? inner->native_as<TensorNative>() : nullptr;
       if (!t) return nullptr;
@@ -176,6 +185,9 @@ class TorchReconstructors : public pickle::Reconstructors {
   }
 
  private:
+  static constexpr int kMaxFromTypeNesting = 8;
+  int from_type_depth_ = 0;
+
   static Value* wrap(pickle::Document& doc, std::unique_ptr<TensorNative> t) {
     Value* v = doc.make(Kind::Native);
     v->native = std::move(t);
@@ -258,19 +270,28 @@ void check_view(const TensorView& v) {
   if (v.size.size() != v.stride.size()) throw decode_error("size and stride have different lengths");
   if (v.storage_offset < 0) throw decode_error("negative storage offset");
   const uint64_t elem = dtype_size(v.dtype);
-  // Highest element index the view touches; sizes come from size/stride, never the storage length.
+  // Highest element index the view touches; sizes come from size/stride, never the storage
+  // length. Saturated at 2^64 so that hostile sizes and strides cannot wrap it around.
+  constexpr unsigned __int128 kSaturated = std::numeric_limits<uint64_t>::max();
   unsigned __int128 last = static_cast<uint64_t>(v.storage_offset);
-  bool empty = false;
+  unsigned __int128 numel = 1;
   for (size_t i = 0; i < v.size.size(); ++i) {
     if (v.size[i] < 0) throw decode_error("negative size");
     if (v.stride[i] < 0) throw decode_error("negative stride");
-    if (v.size[i] == 0) empty = true;
-    last += static_cast<unsigned __int128>(v.size[i] > 0 ? v.size[i] - 1 : 0) * static_cast<uint64_t>(v.stride[i]);
+    numel = std::min(kSaturated, numel * static_cast<uint64_t>(v.size[i]));
+    const auto span = static_cast<unsigned __int128>(v.size[i] > 0 ? v.size[i] - 1 : 0) * static_cast<uint64_t>(v.stride[i]);
+    last = std::min(kSaturated, last + span);
   }
-  if (empty) return;
-  if ((last + 1) * elem > v.storage_nbytes)
+  // torch counts elements in int64; more would also overflow TensorView::numel (zero strides
+  // let a view far larger than its storage pass the bounds check below).
+  if (numel > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()))
+    throw decode_error("shape " + shape_string(v.size) + " has more than 2^63 elements");
+  if (numel == 0) return;
+  const unsigned __int128 needed = (last + 1) * elem;
+  if (needed > v.storage_nbytes)
     throw decode_error("shape " + shape_string(v.size) + " with strides " + shape_string(v.stride) + " at offset " +
-                       std::to_string(v.storage_offset) + " needs " + std::to_string(static_cast<uint64_t>((last + 1) * elem)) +
+                       std::to_string(v.storage_offset) + " needs " +
+                       (last == kSaturated ? std::string("more than 2^64") : std::to_string(static_cast<uint64_t>(needed))) +
                        " bytes of storage data/" + v.storage_key + ", which has " + std::to_string(v.storage_nbytes));
 }
 
@@ -288,10 +309,15 @@ std::vector<std::string> str_tuple(const Value* v) {
   return out;
 }
 
-int64_t product(const std::vector<int64_t>& v) {
-  int64_t p = 1;
-  for (int64_t x : v) p *= x;
-  return p;
+// The number of elements of a shape, refusing negative dims and counts beyond int64.
+int64_t checked_numel(const std::vector<int64_t>& shape, const char* what) {
+  int64_t n = 1;
+  for (int64_t d : shape) {
+    if (d < 0) throw decode_error(std::string(what) + " " + shape_string(shape) + " has a negative dimension");
+    if (__builtin_mul_overflow(n, d, &n))
+      throw decode_error(std::string(what) + " " + shape_string(shape) + " has more than 2^63 elements");
+  }
+  return n;
 }
 
 DeviceMeshInfo decode_mesh(const Value& mesh) {
@@ -306,7 +332,7 @@ DeviceMeshInfo decode_mesh(const Value& mesh) {
     // torch >= 2.9: a _MeshLayout of _FlatLayout axes; each mesh dim is the product of its axis.
     for (const Value* axis : require_attr(*layout, "axes", "_MeshLayout").as_sequence()) {
       const Value& shape = require_attr(*axis, "shape", "_FlatLayout");
-      info.shape.push_back(shape.kind == Kind::Int ? shape.integer : product(int_tuple(shape, "axis shape")));
+      info.shape.push_back(shape.kind == Kind::Int ? shape.integer : checked_numel(int_tuple(shape, "axis shape"), "mesh axis"));
     }
   } else if (const Value* m = attr(mesh, "mesh")) {
     // torch <= 2.8: the mesh tensor itself (an int32 tensor of ranks).
@@ -321,6 +347,13 @@ DeviceMeshInfo decode_mesh(const Value& mesh) {
                        std::to_string(info.dim_names.size()) + " dim names");
   if (!info.coordinate.empty() && info.coordinate.size() != info.shape.size())
     throw decode_error("DeviceMesh coordinate has the wrong number of dims");
+  // Placements divide by mesh dims and index by coordinates: both must be in range.
+  for (size_t i = 0; i < info.shape.size(); ++i) {
+    if (info.shape[i] < 1) throw decode_error("DeviceMesh shape " + shape_string(info.shape) + " has an empty dim");
+    if (!info.coordinate.empty() && (info.coordinate[i] < 0 || info.coordinate[i] >= info.shape[i]))
+      throw decode_error("DeviceMesh coordinate " + shape_string(info.coordinate) + " is outside the mesh " +
+                         shape_string(info.shape));
+  }
   return info;
 }
 
@@ -386,6 +419,15 @@ DTensorValue decode_dtensor(const TensorNative& wrapper) {
         (p.dim < 0 || p.dim >= static_cast<int64_t>(d.global_size.size())))
       throw decode_error("placement " + p.to_string() + " on a " + std::to_string(d.global_size.size()) + "-dim tensor");
   if (d.local.size.size() != d.global_size.size()) throw decode_error("DTensor local and global ranks differ");
+  checked_numel(d.global_size, "DTensor global shape");
+  if (d.local.dtype != wrapper.view.dtype)
+    throw decode_error("DTensor is " + std::string(dtype_name(wrapper.view.dtype)) + " but its local tensor is " +
+                       std::string(dtype_name(d.local.dtype)));
+  // Every placement gives a rank at most the whole extent of a dim.
+  for (size_t i = 0; i < d.global_size.size(); ++i)
+    if (d.local.size[i] > d.global_size[i])
+      throw decode_error("DTensor local shape " + shape_string(d.local.size) + " exceeds its global shape " +
+                         shape_string(d.global_size));
   return d;
 }
 
@@ -414,9 +456,18 @@ ShardedTensorValue decode_sharded_tensor(const TensorNative& wrapper) {
         m.placement = "rank:" + std::to_string(rank->integer);
     out.all_shards.push_back(std::move(m));
   }
-  for (const auto& l : out.local_shards)
-    if (l.offsets.size() != out.global_size.size() || l.view.size.size() != out.global_size.size())
+  checked_numel(out.global_size, "ShardedTensor global shape");
+  // A shard is a box inside the global shape; offsets past it would address other tensors' bytes.
+  auto check_box = [&](const std::vector<int64_t>& offsets, const std::vector<int64_t>& sizes) {
+    if (offsets.size() != out.global_size.size() || sizes.size() != out.global_size.size())
       throw decode_error("ShardedTensor shard rank differs from the tensor's");
+    for (size_t i = 0; i < offsets.size(); ++i)
+      if (offsets[i] < 0 || sizes[i] < 0 || offsets[i] > out.global_size[i] || sizes[i] > out.global_size[i] - offsets[i])
+        throw decode_error("ShardedTensor shard at " + shape_string(offsets) + " of shape " + shape_string(sizes) +
+                           " is outside the global shape " + shape_string(out.global_size));
+  };
+  for (const auto& l : out.local_shards) check_box(l.offsets, l.view.size);
+  for (const auto& m : out.all_shards) check_box(m.offsets, m.sizes);
   return out;
 }
 

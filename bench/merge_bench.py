@@ -1,0 +1,182 @@
+#!/usr/bin/env python3
+"""merge_bench: times, in one run and alternating, what merging a verl FSDP checkpoint costs.
+
+  (a) shardmerge merge                    the job
+  (b) the I/O floor of the same job       cat of the model rank files to /dev/null, then
+                                          writing a file of the output size with fsync
+  (c) cp -r of the role directory         plain copy; timed with and without a final sync,
+                                          since shardmerge's output is fsynced
+  (d) python -m verl.model_merger merge   when --verl-python points at a Python with verl
+
+and prints each one's median time, the ratios (a)/(b), (a)/(c), (d)/(a) and every
+command's peak RSS (from wait4). With --lora-rank it also times folding LoRA into the base
+weights against merging the same checkpoint without folding.
+
+  bench/merge_bench.py --model qwen2.5-0.5b --world-size 8 --workdir /tmp/bench
+"""
+import argparse
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def run_measured(cmd, cwd=None, env=None):
+    """Runs cmd; returns (seconds, peak RSS bytes of that process tree's largest process)."""
+    start = time.perf_counter()
+    proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    _, status, usage = os.wait4(proc.pid, 0)
+    elapsed = time.perf_counter() - start
+    err = proc.stderr.read()
+    proc.stderr.close()
+    if os.waitstatus_to_exitcode(status) != 0:
+        raise SystemExit(f"failed: {' '.join(map(str, cmd))}\n{err}")
+    return elapsed, usage.ru_maxrss * 1024
+
+
+def io_floor(rank_files, out_bytes, scratch):
+    """cat every input byte to /dev/null, then write out_bytes with fsync: the least any merge must do."""
+    t_read, _ = run_measured(["cat", *map(str, rank_files)], env=None)
+    chunk = b"\0" * (16 << 20)
+    start = time.perf_counter()
+    with open(scratch, "wb") as f:
+        left = out_bytes
+        while left > 0:
+            n = min(left, len(chunk))
+            f.write(chunk[:n])
+            left -= n
+        f.flush()
+        os.fsync(f.fileno())
+    t_write = time.perf_counter() - start
+    os.unlink(scratch)
+    return t_read + t_write
+
+
+def tree_bytes(path):
+    return sum(p.stat().st_size for p in Path(path).rglob("*") if p.is_file())
+
+
+def fmt_bytes(n):
+    for unit in ("B", "KB", "MB", "GB", "TB"):
+        if n < 1000:
+            return f"{n:.2f} {unit}"
+        n /= 1000
+    return f"{n:.2f} PB"
+
+
+def ensure_checkpoint(args, gen, workdir, lora_rank):
+    run_root = workdir / f"{args.model}_w{args.world_size}{'_lora' + str(lora_rank) if lora_rank else ''}"
+    role = run_root / "global_step_1" / "actor"
+    if not (role / "fsdp_config.json").exists():
+        cmd = [gen, "--model", args.model, "--world-size", str(args.world_size), "--out", str(run_root),
+               "--tokenizer-from", str(ROOT / "demo" / "global_step_3" / "actor" / "huggingface")]
+        if lora_rank:
+            cmd += ["--lora-rank", str(lora_rank)]
+        print("generating:", " ".join(cmd), flush=True)
+        subprocess.run(cmd, check=True)
+    return role
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default="qwen2.5-0.5b")
+    ap.add_argument("--world-size", type=int, default=8)
+    ap.add_argument("--workdir", default="/tmp/shardmerge-bench")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--build-dir", default=str(ROOT / "build"))
+    ap.add_argument("--verl-python", help="Python with verl installed, to time verl.model_merger")
+    ap.add_argument("--lora-rank", type=int, default=0, help="also time LoRA folding at this rank")
+    ap.add_argument("--memory-limit", default="512MiB")
+    args = ap.parse_args()
+
+    build = Path(args.build_dir)
+    shardmerge, gen = str(build / "shardmerge"), str(build / "bench" / "shardmerge-gen")
+    workdir = Path(args.workdir)
+    workdir.mkdir(parents=True, exist_ok=True)
+    role = ensure_checkpoint(args, gen, workdir, 0)
+    rank_files = sorted(role.glob("model_world_size_*_rank_*.pt"))
+    in_bytes = sum(f.stat().st_size for f in rank_files)
+    out = workdir / "out"
+
+    def merge(extra=()):
+        shutil.rmtree(out, ignore_errors=True)
+        r = run_measured([shardmerge, "merge", "--local_dir", role, "--target_dir", out,
+                          "--memory-limit", args.memory_limit, *extra])
+        return r
+
+    # Warm the page cache (the figures in the issue are warm-cache figures) and size the output.
+    subprocess.run(["cat", *map(str, rank_files)], stdout=subprocess.DEVNULL, check=True)
+    merge()
+    out_bytes = tree_bytes(out)
+
+    results = {k: [] for k in ("shardmerge", "io_floor", "cp -r", "cp -r + sync", "verl")}
+    rss = {k: 0 for k in results}
+    for rnd in range(args.rounds):
+        t, m = merge()
+        results["shardmerge"].append(t)
+        rss["shardmerge"] = max(rss["shardmerge"], m)
+        results["io_floor"].append(io_floor(rank_files, out_bytes, workdir / "floor.bin"))
+        copy = workdir / "copy"
+        shutil.rmtree(copy, ignore_errors=True)
+        t, m = run_measured(["cp", "-r", str(role), str(copy)])
+        results["cp -r"].append(t)
+        rss["cp -r"] = max(rss["cp -r"], m)
+        shutil.rmtree(copy, ignore_errors=True)
+        start = time.perf_counter()
+        run_measured(["cp", "-r", str(role), str(copy)])
+        run_measured(["sync", "-f", str(copy)])
+        results["cp -r + sync"].append(time.perf_counter() - start)
+        shutil.rmtree(copy, ignore_errors=True)
+        if args.verl_python:
+            vout = workdir / "verl_out"
+            shutil.rmtree(vout, ignore_errors=True)
+            t, m = run_measured([args.verl_python, "-m", "verl.model_merger", "merge", "--backend", "fsdp",
+                                 "--local_dir", str(role), "--target_dir", str(vout)])
+            results["verl"].append(t)
+            rss["verl"] = max(rss["verl"], m)
+        print(f"round {rnd + 1}/{args.rounds} done", flush=True)
+
+    med = {k: statistics.median(v) for k, v in results.items() if v}
+    print()
+    print(f"# {args.model}, world size {args.world_size}: {len(rank_files)} rank files, "
+          f"{fmt_bytes(in_bytes)} in, {fmt_bytes(out_bytes)} out; median of {args.rounds} warm-cache rounds")
+    print(f"# {'command':<16} {'seconds':>9} {'GB/s (in+out)':>14} {'peak RSS':>12}")
+    for k, v in med.items():
+        r = f"{rss[k] / 2**20:9.1f} MiB" if rss[k] else f"{'-':>12}"
+        print(f"  {k:<16} {v:9.3f} {(in_bytes + out_bytes) / v / 1e9:14.2f} {r}")
+    print()
+    print(f"  (a)/(b) shardmerge / I/O floor      = {med['shardmerge'] / med['io_floor']:.3f}   (target <= 1.10)")
+    print(f"  (a)/(c) shardmerge / cp -r          = {med['shardmerge'] / med['cp -r']:.3f}")
+    print(f"  (a)/(c') shardmerge / cp -r + sync  = {med['shardmerge'] / med['cp -r + sync']:.3f}   (target <= 1.0)")
+    if "verl" in med:
+        print(f"  (d)/(a) verl.model_merger / shardmerge = {med['verl'] / med['shardmerge']:.2f}x, "
+              f"verl peak RSS {rss['verl'] / 2**30:.2f} GiB")
+
+    if args.lora_rank:
+        lrole = ensure_checkpoint(args, gen, workdir, args.lora_rank)
+        subprocess.run(["cat", *map(str, lrole.glob("model_*.pt"))], stdout=subprocess.DEVNULL, check=True)
+        times = {"fold": [], "drop": []}
+        lrss = 0
+        for _ in range(args.rounds):
+            for mode in ("drop", "fold"):
+                shutil.rmtree(out, ignore_errors=True)
+                t, m = run_measured([shardmerge, "merge", "--local_dir", lrole, "--target_dir", out, "--lora", mode,
+                                     "--memory-limit", args.memory_limit])
+                times[mode].append(t)
+                lrss = max(lrss, m)
+        fold, drop = statistics.median(times["fold"]), statistics.median(times["drop"])
+        print()
+        print(f"# LoRA r={args.lora_rank} on every linear layer of {args.model}, world size {args.world_size}")
+        print(f"  merge without folding (--lora drop) {drop:9.3f} s")
+        print(f"  merge with folding    (--lora fold) {fold:9.3f} s   fold / plain = {fold / drop:.3f} (target <= 1.5)")
+        print(f"  peak RSS {lrss / 2**20:.1f} MiB")
+    shutil.rmtree(out, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
