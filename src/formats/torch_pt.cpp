@@ -22,10 +22,12 @@ uint64_t TensorView::numel() const {
 }
 
 bool TensorView::is_contiguous() const {
-  int64_t expected = 1;
+  // 128 bits: the product of sizes only grows while strides keep matching it, and a matched
+  // stride is below 2^63, so the product stays below 2^127 where int64 would overflow.
+  unsigned __int128 expected = 1;
   for (size_t i = size.size(); i-- > 0;) {
-    if (size[i] != 1 && stride[i] != expected) return false;
-    expected *= size[i];
+    if (size[i] != 1 && static_cast<unsigned __int128>(stride[i]) != expected) return false;
+    expected *= static_cast<uint64_t>(size[i]);
   }
   return true;
 }
@@ -477,7 +479,13 @@ class Collector {
 
   void walk(const Value& v, const std::string& path, int depth) {
     if (depth > 64) throw decode_error("object nesting deeper than 64 levels at '" + path + "'");
-    if (!visited_.insert(&v).second) return;  // shared or cyclic references: each value once
+    if (v.kind == Kind::Native) {
+      // One tensor object saved under two names ({'a': t, 'b': t}) is loaded by torch under
+      // both, so it is collected under both; only containers are deduplicated below.
+      if (const auto* t = v.native_as<TensorNative>()) add(*t, path);
+      return;
+    }
+    if (!visited_.insert(&v).second) return;  // shared or cyclic containers: each walked once
     switch (v.kind) {
       case Kind::Dict:
         walk_entries(v.entries, path, depth);
@@ -491,9 +499,8 @@ class Collector {
         // Tensors inside unknown objects (e.g. argparse.Namespace) are still found.
         if (v.state) walk(*v.state, path, depth + 1);
         walk_entries(v.entries, path, depth);
-        break;
-      case Kind::Native:
-        if (const auto* t = v.native_as<TensorNative>()) add(*t, path);
+        for (size_t i = 0; i < v.items.size(); ++i)  // APPENDs on a list subclass
+          walk(*v.items[i], path.empty() ? std::to_string(i) : path + "." + std::to_string(i), depth + 1);
         break;
       default:
         break;
