@@ -1,9 +1,14 @@
 #include "plan/planner.hpp"
 
+#include <unistd.h>
+
+#include <atomic>
 #include <filesystem>
 
 #include "layouts/fsdp.hpp"
 #include "layouts/hf.hpp"
+#include "layouts/megatron.hpp"
+#include "plan/megatron_names.hpp"
 #include "layouts/layout.hpp"
 #include "shardmerge/error.hpp"
 
@@ -61,7 +66,66 @@ PlannedMerge plan_fsdp(const MergeRequest& req, const layouts::FsdpRole& role, s
   return out;
 }
 
+// Megatron: dist_ckpt (or legacy per-rank files) -> per-layer Megatron names -> HF names.
+PlannedMerge plan_megatron(const MergeRequest& req, const layouts::MegatronRole& role, std::vector<std::string> notes) {
+  PlannedMerge out;
+  out.role_dir = role.path;
+  const layouts::HfTree* hf = role.huggingface ? &*role.huggingface : nullptr;
+  if (role.model_format == "huggingface" && hf && hf->weights_complete) {
+    // mbridge already saved complete HF weights: a verified copy through the same pipeline.
+    notes.push_back("the checkpoint's HF weights in " + hf->path + " are already complete: nothing to merge, "
+                    "writing a verified copy");
+    out.sources = layouts::describe_hf_weights(hf->path);
+    OutputGroup model;
+    model.file_stem = "model";
+    for (const auto& t : out.sources.tensors) model.tensors.push_back({t.name, &t, std::nullopt, false});
+    ModelGroups groups;
+    groups.model = std::move(model);
+    out.plan = finish_plan(out.sources, role.path, std::move(groups), hf, std::move(notes), req.output);
+    return out;
+  }
+  if (!hf || !hf->has_config)
+    throw Error("no HuggingFace config.json beside the Megatron checkpoint (looked in huggingface/, model/huggingface/, "
+                "hf_config_and_tokenizer/); it is needed to name and split the tensors")
+        .file(role.path);
+  SourceSet megatron;
+  if (!role.dist_ckpt.empty()) {
+    out.scratch = std::make_shared<ScratchDir>();
+    megatron = layouts::describe_megatron_dist(role.dist_ckpt, out.scratch->path());
+  } else if (!role.mp_rank_dirs.empty()) {
+    megatron = layouts::describe_megatron_legacy(role, hf->config);
+  } else {
+    throw Error("Megatron role directory without model weights (no dist_ckpt, no model/mp_rank_*)").file(role.path);
+  }
+  MegatronMapOptions map_options;
+  map_options.value_model = req.is_value_model;
+  map_options.tie_word_embedding = req.tie_word_embedding;
+  HfTensors mapped = map_megatron_to_hf(megatron, hf->config, map_options);
+  out.sources.description = megatron.description;
+  out.sources.files = std::move(megatron.files);
+  out.sources.notes = std::move(megatron.notes);
+  out.sources.tensors = std::move(mapped.tensors);
+  notes.insert(notes.end(), mapped.notes.begin(), mapped.notes.end());
+  ModelGroups groups;
+  groups.model.file_stem = "model";
+  for (const auto& t : out.sources.tensors) groups.model.tensors.push_back({t.name, &t, std::nullopt, false});
+  out.plan = finish_plan(out.sources, role.path, std::move(groups), hf, std::move(notes), req.output);
+  return out;
+}
+
 }  // namespace
+
+ScratchDir::ScratchDir() {
+  static std::atomic<int> counter{0};
+  path_ = (std::filesystem::temp_directory_path() /
+           ("shardmerge-scratch-" + std::to_string(::getpid()) + "-" + std::to_string(counter++)))
+              .string();
+}
+
+ScratchDir::~ScratchDir() {
+  std::error_code ec;
+  std::filesystem::remove_all(path_, ec);
+}
 
 PlannedMerge plan_fold_lora(const FoldLoraRequest& req) {
   PlannedMerge out;
@@ -106,6 +170,7 @@ PlannedMerge plan_merge(const MergeRequest& req) {
   if (req.backend == "megatron" && !megatron)
     throw Error(std::string("--backend megatron, but this is a ") + layouts::kind_name(layout.kind)).file(role_dir);
   if (fsdp) return plan_fsdp(req, std::get<layouts::FsdpRole>(layout.info), std::move(notes));
+  if (megatron) return plan_megatron(req, std::get<layouts::MegatronRole>(layout.info), std::move(notes));
   throw Error(std::string("cannot merge a ") + layouts::kind_name(layout.kind) + "; run `shardmerge inspect " + role_dir +
               "` to see what it holds")
       .file(role_dir);

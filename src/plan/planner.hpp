@@ -2,6 +2,7 @@
 // Dispatches on the detected layout (FSDP role dir today; Megatron and HF+adapter alongside).
 #pragma once
 
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -23,11 +24,25 @@ struct MergeRequest {
   bool is_value_model = false;
 };
 
+// A directory that lives as long as the plan needs it (decoded compressed items).
+class ScratchDir {
+ public:
+  ScratchDir();
+  ~ScratchDir();
+  ScratchDir(const ScratchDir&) = delete;
+  ScratchDir& operator=(const ScratchDir&) = delete;
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+};
+
 struct PlannedMerge {
   MergePlan plan;
   std::string role_dir;
   std::vector<std::string> lora_summary;  // for inspect
   SourceSet sources;                      // what the plan's slices point into
+  std::shared_ptr<ScratchDir> scratch;    // must outlive the plan's execution
 };
 
 PlannedMerge plan_merge(const MergeRequest& request);

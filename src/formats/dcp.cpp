@@ -1,0 +1,191 @@
+#include "formats/dcp.hpp"
+
+#include <zstd.h>
+
+#include <filesystem>
+#include <memory>
+
+#include "formats/zip.hpp"
+#include "shardmerge/error.hpp"
+#include "util/file.hpp"
+#include "util/shape.hpp"
+
+namespace fs = std::filesystem;
+
+namespace shardmerge {
+namespace {
+
+using pickle::Kind;
+using pickle::Value;
+
+constexpr uint64_t kMaxMetadataBytes = 2ull << 30;
+
+// Dataclasses pickle their fields as a BUILD dict.
+const Value* field(const Value* obj, std::string_view name) {
+  if (!obj || obj->kind != Kind::Object || !obj->state) return nullptr;
+  if (obj->state->kind == Kind::Dict) return obj->state->get(name);
+  return nullptr;
+}
+
+const Value& require(const Value* obj, std::string_view name, const std::string& what) {
+  if (const Value* v = field(obj, name)) return *v;
+  throw Error("DCP metadata: " + what + " has no '" + std::string(name) + "'");
+}
+
+std::vector<int64_t> ints(const Value& v, const std::string& what) {
+  std::vector<int64_t> out;
+  for (const Value* x : v.as_sequence()) {
+    if (x->kind != Kind::Int) throw Error("DCP metadata: " + what + " holds a " + pickle::kind_name(x->kind));
+    out.push_back(x->integer);
+  }
+  return out;
+}
+
+DType tensor_dtype(const Value& props, const std::string& fqn) {
+  // TensorProperties pickles as a tuple (dtype, layout, requires_grad, memory_format, pin_memory[, ...]).
+  const Value* dtype = nullptr;
+  if (props.state && props.state->kind == Kind::Tuple && !props.state->items.empty()) dtype = props.state->items[0];
+  if (!dtype) dtype = field(&props, "dtype");
+  if (dtype && dtype->kind == Kind::Global && dtype->text == "torch")
+    if (auto t = dtype_from_torch_name(dtype->name)) return *t;
+  throw Error("DCP metadata: tensor '" + fqn + "' has no dtype we know");
+}
+
+std::string key_of(const std::string& fqn, const std::vector<int64_t>& offsets) {
+  return fqn + "@" + shape_string(offsets);
+}
+
+// Streams a zstd frame from [offset, offset + length) of `in` into a new file.
+void zstd_decompress_to(const File& in, uint64_t offset, uint64_t length, const std::string& out_path) {
+  std::unique_ptr<ZSTD_DCtx, size_t (*)(ZSTD_DCtx*)> ctx(ZSTD_createDCtx(), ZSTD_freeDCtx);
+  File out = File::create(out_path, /*overwrite=*/true);
+  const size_t in_chunk = ZSTD_DStreamInSize(), out_chunk = ZSTD_DStreamOutSize();
+  std::string inbuf(in_chunk, '\0'), outbuf(out_chunk, '\0');
+  uint64_t read = 0, written = 0;
+  size_t last = 1;
+  while (read < length) {
+    const size_t n = static_cast<size_t>(std::min<uint64_t>(in_chunk, length - read));
+    in.read_exact(offset + read, inbuf.data(), n);
+    read += n;
+    ZSTD_inBuffer src{inbuf.data(), n, 0};
+    while (src.pos < src.size) {
+      ZSTD_outBuffer dst{outbuf.data(), out_chunk, 0};
+      last = ZSTD_decompressStream(ctx.get(), &dst, &src);
+      if (ZSTD_isError(last)) throw Error(std::string("zstd item is corrupt: ") + ZSTD_getErrorName(last)).file(in.path()).offset(offset);
+      out.write_exact(written, outbuf.data(), dst.pos);
+      written += dst.pos;
+    }
+  }
+  if (last != 0) throw Error("zstd item is truncated").file(in.path()).offset(offset);
+}
+
+}  // namespace
+
+DcpMetadata read_dcp_metadata(const std::string& dir) {
+  const std::string path = (fs::path(dir) / ".metadata").string();
+  try {
+    DcpMetadata meta;
+    meta.dir = dir;
+    const std::string data = read_small_file(path, kMaxMetadataBytes);
+    const pickle::Document doc = parse_torch_pickle(data);
+    const Value& root = doc.root();
+    if (!root.is_instance_of("torch.distributed.checkpoint.metadata", "Metadata"))
+      throw Error("not a torch.distributed.checkpoint Metadata pickle");
+
+    std::map<std::string, const Value*> storage;  // "fqn@[offsets]" -> _StorageInfo
+    for (const auto& [k, v] : require(&root, "storage_data", "Metadata").entries) {
+      const std::string fqn = require(k, "fqn", "MetadataIndex").as_str();
+      const Value* off = field(k, "offset");
+      storage[key_of(fqn, off && off->kind != Kind::None ? ints(*off, "MetadataIndex.offset") : std::vector<int64_t>{})] = v;
+    }
+    if (const Value* mcore = field(&root, "mcore_data"); mcore && mcore->kind == Kind::Dict)
+      for (const auto& [k, v] : mcore->entries)
+        if (k->kind == Kind::Str && v->kind == Kind::Dict)
+          if (const Value* shape = v->get("nd_reformulated_orig_global_shape"); shape && shape->is_sequence())
+            meta.reformulated_shapes[k->text] = ints(*shape, "nd_reformulated_orig_global_shape");
+
+    for (const auto& [k, v] : require(&root, "state_dict_metadata", "Metadata").entries) {
+      const std::string fqn = k->as_str();
+      if (v->is_instance_of("torch.distributed.checkpoint.metadata", "BytesStorageMetadata")) {
+        meta.bytes_items.push_back(fqn);
+        continue;
+      }
+      if (!v->is_instance_of("torch.distributed.checkpoint.metadata", "TensorStorageMetadata"))
+        throw Error("DCP metadata: entry '" + fqn + "' is neither tensor nor bytes metadata");
+      DcpTensor t;
+      t.fqn = fqn;
+      t.dtype = tensor_dtype(require(v, "properties", "TensorStorageMetadata"), fqn);
+      t.size = ints(require(v, "size", "TensorStorageMetadata"), "size");
+      for (const Value* c : require(v, "chunks", "TensorStorageMetadata").as_sequence()) {
+        DcpChunk chunk;
+        chunk.offsets = ints(require(c, "offsets", "ChunkStorageMetadata"), "chunk offsets");
+        chunk.sizes = ints(require(c, "sizes", "ChunkStorageMetadata"), "chunk sizes");
+        auto it = storage.find(key_of(fqn, chunk.offsets));
+        if (it == storage.end())
+          throw Error("DCP metadata: no storage entry for the chunk at " + shape_string(chunk.offsets)).tensor(fqn);
+        const Value* info = it->second;
+        chunk.relative_path = require(info, "relative_path", "_StorageInfo").as_str();
+        if (chunk.relative_path.find('/') != std::string::npos || chunk.relative_path.find("..") != std::string::npos)
+          throw Error("DCP metadata: item path '" + chunk.relative_path + "' leaves the checkpoint directory").tensor(fqn);
+        chunk.offset = static_cast<uint64_t>(require(info, "offset", "_StorageInfo").as_int());
+        chunk.length = static_cast<uint64_t>(require(info, "length", "_StorageInfo").as_int());
+        if (const Value* tr = field(info, "transform_descriptors"); tr && tr->kind != Kind::None)
+          for (const Value* d : tr->as_sequence()) chunk.transforms.push_back(d->as_str());
+        t.chunks.push_back(std::move(chunk));
+      }
+      meta.tensors.push_back(std::move(t));
+    }
+    return meta;
+  } catch (Error& e) {
+    e.file(path);
+    throw;
+  }
+}
+
+DcpChunkData locate_dcp_chunk(const DcpMetadata& meta, const DcpTensor& tensor, const DcpChunk& chunk,
+                              const std::string& scratch_dir) {
+  const std::string path = (fs::path(meta.dir) / chunk.relative_path).string();
+  try {
+    File file = File::open_read(path);
+    if (chunk.offset > file.size() || chunk.length > file.size() - chunk.offset)
+      throw Error("item [" + std::to_string(chunk.offset) + ", +" + std::to_string(chunk.length) +
+                  ") runs past the end of the file (truncated?)");
+    DcpChunkData out;
+    out.path = path;
+    uint64_t base = chunk.offset, length = chunk.length;
+    if (!chunk.transforms.empty()) {
+      if (chunk.transforms.size() != 1 || chunk.transforms[0].rfind("stream.zstd", 0) != 0)
+        throw Error("item uses storage transform '" + chunk.transforms[0] + "', which shardmerge does not know");
+      fs::create_directories(scratch_dir);
+      out.path = (fs::path(scratch_dir) / (chunk.relative_path + "." + std::to_string(chunk.offset) + ".item")).string();
+      zstd_decompress_to(file, chunk.offset, chunk.length, out.path);
+      file = File::open_read(out.path);
+      base = 0;
+      length = file.size();
+    }
+    out.file_size = file.size();
+    const TorchArchive archive = TorchArchive::read(file, base, length);
+    const ZipEntry& pkl = archive.record("data.pkl");
+    const pickle::Document doc = parse_torch_pickle(file.read_string(pkl.data_offset, static_cast<size_t>(pkl.size)));
+    const std::vector<StateEntry> entries = collect_tensors(doc.root());
+    if (entries.size() != 1 || !entries[0].is_plain())
+      throw Error("item is not a torch.save of one plain tensor");
+    out.view = std::get<TensorView>(entries[0].value);
+    const ZipEntry& rec = archive.record("data/" + out.view.storage_key);
+    if (rec.size != out.view.storage_nbytes)
+      throw Error("item's storage record has " + std::to_string(rec.size) + " bytes, its pickle says " +
+                  std::to_string(out.view.storage_nbytes));
+    out.storage_offset_in_file = rec.data_offset;
+    if (out.view.dtype != tensor.dtype)
+      throw Error("chunk is " + std::string(dtype_name(out.view.dtype)) + " but .metadata says " +
+                  std::string(dtype_name(tensor.dtype)));
+    if (out.view.size != chunk.sizes)
+      throw Error("chunk tensor has shape " + shape_string(out.view.size) + " but .metadata says " + shape_string(chunk.sizes));
+    return out;
+  } catch (Error& e) {
+    e.tensor(tensor.fqn).file(path);
+    throw;
+  }
+}
+
+}  // namespace shardmerge

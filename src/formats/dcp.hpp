@@ -1,0 +1,57 @@
+// PyTorch Distributed Checkpoint (DCP) directories, as Megatron's torch_dist backend writes
+// them: `.metadata` (a pickle of torch.distributed.checkpoint.metadata.Metadata) and
+// `__<rank>_<n>.distcp` files whose items are whole torch.save archives, one per tensor
+// chunk, at the offsets `.metadata` gives. Items may be zstd-compressed (`stream.zstd/1`);
+// those are decompressed, streaming, into a scratch file that the caller owns.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "formats/torch_pt.hpp"
+#include "shardmerge/dtype.hpp"
+
+namespace shardmerge {
+
+struct DcpChunk {
+  std::vector<int64_t> offsets;  // box of the global tensor this chunk holds
+  std::vector<int64_t> sizes;
+  std::string relative_path;     // the .distcp file
+  uint64_t offset = 0;           // item position and length in that file
+  uint64_t length = 0;
+  std::vector<std::string> transforms;  // e.g. {"stream.zstd/1"}; empty when stored as is
+};
+
+struct DcpTensor {
+  std::string fqn;
+  DType dtype = DType::F32;
+  std::vector<int64_t> size;  // global shape
+  std::vector<DcpChunk> chunks;
+};
+
+struct DcpMetadata {
+  std::string dir;
+  std::vector<DcpTensor> tensors;        // TensorStorageMetadata entries, in .metadata order
+  std::vector<std::string> bytes_items;  // BytesStorageMetadata keys (extra states, rng, ...)
+  // Megatron's mcore_data: fqn -> nd_reformulated_orig_global_shape, for flattened tensors.
+  std::map<std::string, std::vector<int64_t>> reformulated_shapes;
+};
+
+DcpMetadata read_dcp_metadata(const std::string& dir);
+
+// Where one chunk's elements are: a strided view into a storage record of some file.
+struct DcpChunkData {
+  std::string path;               // file holding the storage bytes (the .distcp, or a scratch file)
+  uint64_t file_size = 0;
+  uint64_t storage_offset_in_file = 0;
+  TensorView view;                // the chunk tensor (sizes == chunk.sizes, with leading singleton dims)
+};
+
+// Parses the torch.save archive embedded at the chunk's item. Transformed items are first
+// decoded into `scratch_dir` (created if needed).
+DcpChunkData locate_dcp_chunk(const DcpMetadata& meta, const DcpTensor& tensor, const DcpChunk& chunk,
+                              const std::string& scratch_dir);
+
+}  // namespace shardmerge

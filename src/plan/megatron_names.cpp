@@ -1,0 +1,364 @@
+#include "plan/megatron_names.hpp"
+
+#include <algorithm>
+#include <charconv>
+#include <map>
+#include <optional>
+
+#include "plan/regions.hpp"
+#include "shardmerge/error.hpp"
+#include "util/shape.hpp"
+
+namespace shardmerge {
+namespace {
+
+enum class Split {
+  None,
+  Qkv,     // [groups x (q_per_kv + 2) x head_dim, ...] -> q, k, v; "{}" in the HF name is q/k/v
+  GateUp,  // [gate; up] halves -> gate_proj, up_proj; "{}" is gate/up
+};
+
+struct Rule {
+  const char* megatron;  // per-layer name after "decoder.layers.<l>."; "*" stands for an expert id
+  const char* hf;        // after "model.layers.<l>."; "*" is the expert id, "{}" the split part
+  Split split = Split::None;
+};
+
+// Rows in HF state-dict order, so output shards follow the order save_pretrained would use.
+constexpr Rule kAttention[] = {
+    {"self_attention.linear_qkv.weight", "self_attn.{}_proj.weight", Split::Qkv},
+    {"self_attention.linear_qkv.bias", "self_attn.{}_proj.bias", Split::Qkv},
+    {"self_attention.linear_proj.weight", "self_attn.o_proj.weight"},
+};
+constexpr Rule kQkNorm[] = {
+    {"self_attention.q_layernorm.weight", "self_attn.q_norm.weight"},
+    {"self_attention.k_layernorm.weight", "self_attn.k_norm.weight"},
+};
+constexpr Rule kDenseMlp[] = {
+    {"mlp.linear_fc1.weight", "mlp.{}_proj.weight", Split::GateUp},
+    {"mlp.linear_fc2.weight", "mlp.down_proj.weight"},
+};
+constexpr Rule kRoutedExperts[] = {
+    {"mlp.router.weight", "mlp.gate.weight"},
+    {"mlp.experts.*.linear_fc1.weight", "mlp.experts.*.{}_proj.weight", Split::GateUp},
+    {"mlp.experts.*.linear_fc2.weight", "mlp.experts.*.down_proj.weight"},
+};
+constexpr Rule kQwen2SharedExpert[] = {
+    {"mlp.shared_experts.linear_fc1.weight", "mlp.shared_expert.{}_proj.weight", Split::GateUp},
+    {"mlp.shared_experts.linear_fc2.weight", "mlp.shared_expert.down_proj.weight"},
+    {"mlp.shared_experts.gate_weight", "mlp.shared_expert_gate.weight"},
+};
+// Transformer Engine fuses the norms into the next linear; the local spec keeps them apart.
+constexpr Rule kNorms[] = {
+    {"self_attention.linear_qkv.layer_norm_weight", "input_layernorm.weight"},
+    {"input_layernorm.weight", "input_layernorm.weight"},
+    {"mlp.linear_fc1.layer_norm_weight", "post_attention_layernorm.weight"},
+    {"pre_mlp_layernorm.weight", "post_attention_layernorm.weight"},
+};
+
+struct Family {
+  const char* architecture;
+  std::vector<Rule> rules;
+};
+
+template <size_t... N>
+std::vector<Rule> rows(const Rule (&... tables)[N]) {
+  std::vector<Rule> out;
+  (out.insert(out.end(), std::begin(tables), std::end(tables)), ...);
+  return out;
+}
+
+const std::vector<Family>& families() {
+  static const std::vector<Family> f = {
+      {"LlamaForCausalLM", rows(kAttention, kDenseMlp, kNorms)},
+      {"MistralForCausalLM", rows(kAttention, kDenseMlp, kNorms)},
+      {"Qwen2ForCausalLM", rows(kAttention, kDenseMlp, kNorms)},
+      {"Qwen3ForCausalLM", rows(kAttention, kQkNorm, kDenseMlp, kNorms)},
+      {"Qwen2MoeForCausalLM", rows(kAttention, kRoutedExperts, kQwen2SharedExpert, kNorms)},
+      {"Qwen3MoeForCausalLM", rows(kAttention, kQkNorm, kRoutedExperts, kNorms)},
+  };
+  return f;
+}
+
+std::optional<int64_t> parse_index(const std::string& s) {
+  int64_t v = 0;
+  auto r = std::from_chars(s.data(), s.data() + s.size(), v);
+  if (s.empty() || r.ec != std::errc() || r.ptr != s.data() + s.size() || v < 0) return std::nullopt;
+  return v;
+}
+
+int64_t config_int(const nlohmann::ordered_json& c, const char* key, std::optional<int64_t> fallback = std::nullopt) {
+  if (c.contains(key) && c[key].is_number_integer()) return c[key].get<int64_t>();
+  if (fallback) return *fallback;
+  throw Error(std::string("config.json has no integer '") + key + "', needed to convert Megatron tensors");
+}
+
+// A per-layer Megatron tensor, after un-stacking.
+struct LayerTensor {
+  int64_t layer = -1;   // -1 for embedding, final norm, output layer
+  int64_t expert = -1;  // routed expert id, or -1
+  std::string rest;     // name after "decoder.layers.<l>." ("*" in place of an expert id), or the full name
+  SourceTensor tensor;
+};
+
+class Mapper {
+ public:
+  Mapper(const nlohmann::ordered_json& config, const MegatronMapOptions& options) : config_(config), options_(options) {
+    const std::string arch = config.contains("architectures") && config["architectures"].is_array() &&
+                                     !config["architectures"].empty()
+                                 ? config["architectures"][0].get<std::string>()
+                                 : "";
+    for (const Family& f : families())
+      if (arch == f.architecture) family_ = &f;
+    if (!family_) {
+      std::string known;
+      for (const auto& a : megatron_supported_architectures()) known += (known.empty() ? "" : ", ") + a;
+      throw Error("no Megatron -> HF mapping for architecture '" + arch + "' (supported: " + known + ")");
+    }
+    layers_ = config_int(config, "num_hidden_layers");
+    heads_ = config_int(config, "num_attention_heads");
+    kv_heads_ = config_int(config, "num_key_value_heads", heads_);
+    head_dim_ = config_int(config, "head_dim", config_int(config, "hidden_size") / heads_);
+    vocab_ = config_int(config, "vocab_size");
+    tied_ = options.tie_word_embedding || config.value("tie_word_embeddings", false);
+  }
+
+  HfTensors run(const SourceSet& megatron) {
+    for (const SourceTensor& t : megatron.tensors) unstack(t);
+    std::vector<std::string> unknown;
+    for (LayerTensor& lt : layer_tensors_) map(lt, unknown);
+    if (!unknown.empty()) {
+      std::string list;
+      for (size_t i = 0; i < unknown.size() && i < 12; ++i) list += (i ? ", " : "") + unknown[i];
+      if (unknown.size() > 12) list += ", ... (" + std::to_string(unknown.size()) + " in all)";
+      throw Error("Megatron keys with no " + std::string(family_->architecture) + " mapping: " + list +
+                  " (multi-token prediction, vision towers and other extras are not supported)");
+    }
+    std::stable_sort(out_.tensors.begin(), out_.tensors.end(), [&](const SourceTensor& a, const SourceTensor& b) {
+      return sort_key_.at(a.name) < sort_key_.at(b.name);
+    });
+    return std::move(out_);
+  }
+
+ private:
+  using Key = std::tuple<int, int64_t, int64_t, size_t, int>;  // section, layer, expert, rule, part
+
+  void unstack(const SourceTensor& t) {
+    const std::string prefix = "decoder.layers.";
+    if (t.name.find("_extra_state") != std::string::npos) return;
+    if (t.name.rfind(prefix, 0) != 0) {
+      layer_tensors_.push_back({-1, -1, t.name, t});
+      return;
+    }
+    const std::string rest = t.name.substr(prefix.size());
+    const std::string first = rest.substr(0, rest.find('.'));
+    if (auto layer = parse_index(first)) {  // per-layer key: decoder.layers.<l>.<rest>
+      add_layer_key(*layer, rest.substr(first.size() + 1), t, 0);
+      return;
+    }
+    // Layer-stacked: a leading [L] axis.
+    if (t.shape.empty() || t.shape[0] != layers_)
+      throw Error("layer-stacked tensor has shape " + shape_string(t.shape) + " but config.json says " +
+                  std::to_string(layers_) + " layers")
+          .tensor(t.name);
+    for (int64_t l = 0; l < layers_; ++l) add_layer_key(l, rest, t, 1, l);
+  }
+
+  // `drop` leading dims of `t` are indexed by `lead` (the layer for stacked keys).
+  void add_layer_key(int64_t layer, const std::string& rest, const SourceTensor& t, size_t drop, int64_t lead = 0) {
+    const std::string grouped = "mlp.experts.experts.";
+    const std::string sequential = "mlp.experts.local_experts.";
+    std::vector<int64_t> start(t.shape.size(), 0), extent = t.shape;
+    if (drop) {
+      start[0] = lead;
+      extent[0] = 1;
+    }
+    if (rest.rfind(grouped, 0) == 0) {
+      // Grouped-GEMM experts: one more leading [E] axis.
+      const size_t e_dim = drop;
+      for (int64_t e = 0; e < t.shape.at(e_dim); ++e) {
+        auto s = start, x = extent;
+        s[e_dim] = e;
+        x[e_dim] = 1;
+        push(layer, e, "mlp.experts.*." + rest.substr(grouped.size()), t, s, x, drop + 1);
+      }
+      return;
+    }
+    if (rest.rfind(sequential, 0) == 0) {  // SequentialMLP: mlp.experts.local_experts.<e>.<rest>
+      const std::string tail = rest.substr(sequential.size());
+      const std::string id = tail.substr(0, tail.find('.'));
+      if (auto e = parse_index(id)) {
+        push(layer, *e, "mlp.experts.*." + tail.substr(id.size() + 1), t, start, extent, drop);
+        return;
+      }
+    }
+    if (rest.rfind("mlp.experts.", 0) == 0) {  // already per expert: mlp.experts.<e>.<rest>
+      const std::string tail = rest.substr(12);
+      const std::string id = tail.substr(0, tail.find('.'));
+      if (auto e = parse_index(id)) {
+        push(layer, *e, "mlp.experts.*." + tail.substr(id.size() + 1), t, start, extent, drop);
+        return;
+      }
+    }
+    push(layer, -1, rest, t, start, extent, drop);
+  }
+
+  void push(int64_t layer, int64_t expert, const std::string& rest, const SourceTensor& t, std::vector<int64_t> start,
+            std::vector<int64_t> extent, size_t drop) {
+    std::vector<int64_t> shape(extent.begin() + static_cast<std::ptrdiff_t>(drop), extent.end());
+    std::string name = "decoder.layers." + std::to_string(layer) + "." + rest;
+    if (expert >= 0) name.replace(name.find('*'), 1, std::to_string(expert));
+    SourceTensor per = drop == 0 ? t
+                                 : assemble(name, t.dtype, shape,
+                                            {Region{&t, std::move(start), std::move(extent), std::vector<int64_t>(shape.size(), 0), drop}},
+                                            t.origin);
+    layer_tensors_.push_back({layer, expert, rest, std::move(per)});
+  }
+
+  void emit(SourceTensor t, Key key) {
+    sort_key_[t.name] = key;
+    out_.tensors.push_back(std::move(t));
+  }
+
+  void map(LayerTensor& lt, std::vector<std::string>& unknown) {
+    const SourceTensor& t = lt.tensor;
+    if (lt.layer < 0) return map_global(t, unknown);
+    for (size_t i = 0; i < family_->rules.size(); ++i) {
+      const Rule& rule = family_->rules[i];
+      if (lt.rest != rule.megatron) continue;
+      std::string hf = "model.layers." + std::to_string(lt.layer) + "." + rule.hf;
+      if (lt.expert >= 0) hf.replace(hf.find('*'), 1, std::to_string(lt.expert));
+      const Key key{1, lt.layer, lt.expert, i, 0};
+      switch (rule.split) {
+        case Split::None: {
+          SourceTensor out = t;
+          out.name = hf;
+          emit(std::move(out), key);
+          break;
+        }
+        case Split::GateUp: split_gate_up(t, hf, key); break;
+        case Split::Qkv: split_qkv(t, hf, key); break;
+      }
+      return;
+    }
+    unknown.push_back(t.name);
+  }
+
+  void map_global(const SourceTensor& t, std::vector<std::string>& unknown) {
+    if (t.name == "embedding.word_embeddings.weight") return emit(trim_vocab(t, "model.embed_tokens.weight"), {0, 0, 0, 0, 0});
+    if (t.name == "decoder.final_layernorm.weight") {
+      SourceTensor out = t;
+      out.name = "model.norm.weight";
+      return emit(std::move(out), {2, 0, 0, 0, 0});
+    }
+    if (t.name == "output_layer.weight") {
+      if (options_.value_model) {
+        if (t.shape.size() != 2 || t.shape[0] != 1)
+          throw Error("--is-value-model, but the output layer is " + shape_string(t.shape) + ", not a [1, H] value head")
+              .tensor(t.name);
+        SourceTensor out = t;
+        out.name = "score.weight";
+        return emit(std::move(out), {3, 0, 0, 0, 0});
+      }
+      if (t.shape.size() == 2 && t.shape[0] == 1 && vocab_ > 1)
+        throw Error("the output layer is a [1, H] value head: pass --is-value-model to write it as score.weight")
+            .tensor(t.name);
+      if (tied_) {
+        out_.notes.push_back("tied embeddings: output_layer.weight is a copy of the embedding and is not written");
+        return;
+      }
+      return emit(trim_vocab(t, "lm_head.weight"), {3, 0, 0, 0, 0});
+    }
+    unknown.push_back(t.name);
+  }
+
+  SourceTensor trim_vocab(const SourceTensor& t, const std::string& hf) {
+    if (t.shape.size() != 2) throw Error("expected a [vocab, hidden] matrix, found " + shape_string(t.shape)).tensor(t.name);
+    if (t.shape[0] < vocab_)
+      throw Error("has " + std::to_string(t.shape[0]) + " rows but config.json's vocab_size is " + std::to_string(vocab_))
+          .tensor(t.name);
+    if (t.shape[0] > vocab_)
+      out_.notes.push_back(t.name + ": " + std::to_string(t.shape[0] - vocab_) + " padded vocab rows dropped");
+    return assemble(hf, t.dtype, {vocab_, t.shape[1]}, {Region{&t, {0, 0}, {vocab_, t.shape[1]}, {0, 0}, 0}}, t.origin);
+  }
+
+  // Rows along dim 0; the other dims come whole.
+  Region rows_of(const SourceTensor& t, int64_t begin, int64_t count, int64_t dst) {
+    std::vector<int64_t> start(t.shape.size(), 0), extent = t.shape, at(t.shape.size(), 0);
+    start[0] = begin;
+    extent[0] = count;
+    at[0] = dst;
+    return Region{&t, start, extent, at, 0};
+  }
+
+  std::vector<int64_t> with_rows(const SourceTensor& t, int64_t rows) {
+    auto s = t.shape;
+    s[0] = rows;
+    return s;
+  }
+
+  static std::string part(const std::string& hf, const char* p) {
+    std::string s = hf;
+    s.replace(s.find("{}"), 2, p);
+    return s;
+  }
+
+  void split_gate_up(const SourceTensor& t, const std::string& hf, Key key) {
+    if (t.shape.empty() || t.shape[0] % 2)
+      throw Error("fused gate/up projection has an odd number of rows: " + shape_string(t.shape)).tensor(t.name);
+    const int64_t half = t.shape[0] / 2;
+    std::get<4>(key) = 0;
+    emit(assemble(part(hf, "gate"), t.dtype, with_rows(t, half), {rows_of(t, 0, half, 0)}, t.origin), key);
+    std::get<4>(key) = 1;
+    emit(assemble(part(hf, "up"), t.dtype, with_rows(t, half), {rows_of(t, half, half, 0)}, t.origin), key);
+  }
+
+  // Megatron keeps QKV grouped per KV head: [q_1..q_{h/g}, k, v] x groups, head_dim rows each.
+  void split_qkv(const SourceTensor& t, const std::string& hf, Key key) {
+    const int64_t q_per_kv = heads_ / kv_heads_;
+    const int64_t group = (q_per_kv + 2) * head_dim_;
+    if (t.shape.empty() || t.shape[0] != kv_heads_ * group)
+      throw Error("fused QKV has " + (t.shape.empty() ? std::string("no") : std::to_string(t.shape[0])) + " rows; " +
+                  std::to_string(kv_heads_) + " KV groups of (" + std::to_string(q_per_kv) + " + 2) x " +
+                  std::to_string(head_dim_) + " rows were expected from config.json")
+          .tensor(t.name);
+    std::vector<Region> q, k, v;
+    const int64_t qr = q_per_kv * head_dim_;
+    for (int64_t g = 0; g < kv_heads_; ++g) {
+      q.push_back(rows_of(t, g * group, qr, g * qr));
+      k.push_back(rows_of(t, g * group + qr, head_dim_, g * head_dim_));
+      v.push_back(rows_of(t, g * group + qr + head_dim_, head_dim_, g * head_dim_));
+    }
+    std::get<4>(key) = 0;
+    emit(assemble(part(hf, "q"), t.dtype, with_rows(t, kv_heads_ * qr), q, t.origin), key);
+    std::get<4>(key) = 1;
+    emit(assemble(part(hf, "k"), t.dtype, with_rows(t, kv_heads_ * head_dim_), k, t.origin), key);
+    std::get<4>(key) = 2;
+    emit(assemble(part(hf, "v"), t.dtype, with_rows(t, kv_heads_ * head_dim_), v, t.origin), key);
+  }
+
+  const nlohmann::ordered_json& config_;
+  MegatronMapOptions options_;
+  const Family* family_ = nullptr;
+  int64_t layers_ = 0, heads_ = 0, kv_heads_ = 0, head_dim_ = 0, vocab_ = 0;
+  bool tied_ = false;
+  std::vector<LayerTensor> layer_tensors_;
+  HfTensors out_;
+  std::map<std::string, Key> sort_key_;
+};
+
+}  // namespace
+
+std::vector<std::string> megatron_supported_architectures() {
+  std::vector<std::string> out;
+  for (const auto& f : families()) out.push_back(f.architecture);
+  return out;
+}
+
+HfTensors map_megatron_to_hf(const SourceSet& megatron, const nlohmann::ordered_json& config,
+                             const MegatronMapOptions& options) {
+  Mapper m(config, options);
+  return m.run(megatron);
+}
+
+}  // namespace shardmerge

@@ -1,0 +1,33 @@
+// Megatron-Core tensor names to HuggingFace names, one table per model family: each rule maps
+// a Megatron name (per layer) to an HF name and says how to split the tensor (QKV per query
+// group, fc1 into gate/up halves, padded vocab rows trimmed). Layer-stacked keys
+// (`decoder.layers.X` with a leading [L] axis, experts [L, E]) are un-stacked first.
+#pragma once
+
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "layouts/sources.hpp"
+
+namespace shardmerge {
+
+struct MegatronMapOptions {
+  bool value_model = false;         // output_layer [1, H] -> score.weight
+  bool tie_word_embedding = false;  // drop output_layer even if config.json does not tie
+};
+
+struct HfTensors {
+  std::vector<SourceTensor> tensors;  // HF names, in HF state-dict order
+  std::vector<std::string> notes;
+};
+
+// `megatron` holds Megatron names (stacked or per-layer); `config` is the HF config.json.
+// Unknown architectures and unknown keys are errors that list them.
+HfTensors map_megatron_to_hf(const SourceSet& megatron, const nlohmann::ordered_json& config,
+                             const MegatronMapOptions& options);
+
+// The architectures (config.json `architectures[0]`) that have a table.
+std::vector<std::string> megatron_supported_architectures();
+
+}  // namespace shardmerge
