@@ -56,6 +56,8 @@ json parse_header_json(std::string_view text) {
 uint64_t TensorDecl::nbytes() const { return checked_nbytes(dtype, shape, name); }
 
 SafetensorsFile SafetensorsFile::from_header(std::string_view header_json, uint64_t file_size) {
+  if (header_json.size() > kSafetensorsMaxHeader)
+    throw header_error("header of " + std::to_string(header_json.size()) + " bytes exceeds 100 MB");
   const uint64_t data_start = 8 + header_json.size();
   if (data_start > file_size) throw header_error("header runs past the end of the file");
   const json header = parse_header_json(header_json);
@@ -121,9 +123,12 @@ SafetensorsFile SafetensorsFile::from_header(std::string_view header_json, uint6
     ordered.push_back(std::move(out.tensors_[s.index]));
     ordered.back().file_offset = data_start + s.begin;
   }
-  if (file_size - data_start != expected)
-    throw header_error("tensor data ends at byte " + std::to_string(data_start + expected) + " but the file has " +
-                       std::to_string(file_size) + " bytes");
+  if (file_size - data_start < expected)
+    throw header_error("file is truncated: tensor data ends at byte " + std::to_string(data_start + expected) +
+                       " but the file has " + std::to_string(file_size) + " bytes");
+  if (file_size - data_start > expected)
+    throw header_error(std::to_string(file_size - data_start - expected) + " trailing bytes after the tensor data, which ends at byte " +
+                       std::to_string(data_start + expected));
   out.tensors_ = std::move(ordered);
   for (size_t i = 0; i < out.tensors_.size(); ++i) out.by_name_.emplace(out.tensors_[i].name, i);
   return out;
@@ -164,6 +169,9 @@ SafetensorsLayout layout_safetensors(std::vector<TensorDecl> tensors, const std:
   SafetensorsLayout layout;
   uint64_t offset = 0;
   for (const auto& t : tensors) {
+    // A repeated name would silently replace the first one's header entry and leave a hole.
+    if (t.name == "__metadata__" || header.contains(t.name))
+      throw Error(t.name == "__metadata__" ? "is a reserved name in safetensors" : "appears twice").tensor(t.name);
     const auto& info = dtype_info(t.dtype);
     if (info.st_name.empty())
       throw Error("dtype " + std::string(info.torch_name) + " cannot be stored in safetensors").tensor(t.name);

@@ -109,6 +109,15 @@ void apply_zip64_extra(std::string_view extra, uint64_t& usize, uint64_t& csize,
 }  // namespace
 
 ZipArchive ZipArchive::read(const File& file, uint64_t base, std::optional<uint64_t> length) {
+  try {
+    return read_directory(file, base, length);
+  } catch (Error& e) {
+    e.file(file.path());  // every problem with an archive is a problem with this file
+    throw;
+  }
+}
+
+ZipArchive ZipArchive::read_directory(const File& file, uint64_t base, std::optional<uint64_t> length) {
   const uint64_t file_size = file.size();
   if (base > file_size) throw Error("zip archive offset " + std::to_string(base) + " is past the end of the file");
   const uint64_t len = length.value_or(file_size - base);
@@ -147,7 +156,7 @@ ZipArchive ZipArchive::read(const File& file, uint64_t base, std::optional<uint6
     if (csize != usize)
       throw Error("corrupt zip: stored entry '" + entry.name + "' has compressed size " + std::to_string(csize) +
                   " != size " + std::to_string(usize));
-    if (lho + 30 > dir.offset)
+    if (dir.offset < 30 || lho > dir.offset - 30)  // (lho + 30 could wrap: lho comes from a ZIP64 field)
       throw Error("corrupt zip: entry '" + entry.name + "' local header at " + std::to_string(lho) +
                   " is outside the data area");
     const std::string local = file.read_string(base + lho, 30);
@@ -185,7 +194,7 @@ const ZipEntry* ZipArchive::find(std::string_view name) const {
 }
 
 TorchArchive TorchArchive::read(const File& file, uint64_t base, std::optional<uint64_t> length) {
-  if (file.size() >= base + 8) {
+  if (file.size() >= 8 && base <= file.size() - 8) {
     std::string magic = file.read_string(base, 8);
     if (magic == "PYTORCH1")
       throw Error("TorchScript/legacy 'PYTORCH1' archives are not supported").file(file.path());
@@ -196,12 +205,7 @@ TorchArchive TorchArchive::read(const File& file, uint64_t base, std::optional<u
   }
   TorchArchive archive;
   archive.path_ = file.path();
-  try {
-    archive.zip_ = ZipArchive::read(file, base, length);
-  } catch (Error& e) {
-    e.file(file.path());
-    throw;
-  }
+  archive.zip_ = ZipArchive::read(file, base, length);
   const auto& entries = archive.zip_.entries();
   if (entries.empty()) throw Error("empty zip archive, expected a torch.save file").file(file.path());
   // As torch's reader: the archive name is the first entry's text before '/', shared by all.

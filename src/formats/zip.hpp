@@ -32,6 +32,8 @@ class ZipArchive {
   const ZipEntry* find(std::string_view name) const;
 
  private:
+  static ZipArchive read_directory(const File& file, uint64_t base, std::optional<uint64_t> length);
+
   std::vector<ZipEntry> entries_;
   std::unordered_map<std::string, size_t> by_name_;
 };

@@ -1,6 +1,7 @@
-// libFuzzer target: the zip directory reader and the torch.save archive checks on an
-// arbitrary file. The input goes into a memfd so the reader sees a real file descriptor,
-// as it does for checkpoints. A shardmerge::Error is the expected rejection.
+// libFuzzer target: the zip directory reader, the torch.save archive checks and the whole
+// TorchFile::open (archive + pickle + storage records) on an arbitrary file. The input goes
+// into a memfd so the reader sees a real file descriptor, as it does for checkpoints. A
+// shardmerge::Error is the expected rejection.
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -8,7 +9,9 @@
 #include <cstdint>
 #include <cstdlib>
 #include <string>
+#include <variant>
 
+#include "formats/torch_pt.hpp"
 #include "formats/zip.hpp"
 #include "shardmerge/error.hpp"
 #include "util/file.hpp"
@@ -43,6 +46,13 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     try {
       const auto archive = shardmerge::TorchArchive::read(file);
       (void)archive.find_record("data.pkl");
+    } catch (const shardmerge::Error&) {
+    }
+    try {
+      const auto torch_file = shardmerge::TorchFile::open(path);
+      for (const auto& entry : torch_file.entries())
+        if (const auto* view = std::get_if<shardmerge::TensorView>(&entry.value))
+          if (torch_file.storage_offset_in_file(*view) + view->storage_nbytes > file.size()) std::abort();
     } catch (const shardmerge::Error&) {
     }
   } catch (const shardmerge::Error&) {

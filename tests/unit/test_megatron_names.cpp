@@ -1,0 +1,131 @@
+// Megatron -> HF mapping on synthetic descriptions: un-stacking, QKV per-group split, gate/up
+// halves, vocab trimming, tied and value heads, unknown keys. No file is opened: the checks
+// look at where each HF tensor's pieces point in the (imaginary) source file.
+#include <gtest/gtest.h>
+
+#include "plan/megatron_names.hpp"
+#include "shardmerge/error.hpp"
+
+namespace shardmerge {
+namespace {
+
+// A whole, row-major bf16 tensor at `offset` of file 0.
+SourceTensor stored(const std::string& name, std::vector<int64_t> shape, uint64_t offset) {
+  SourceTensor t;
+  t.name = name;
+  t.dtype = DType::BF16;
+  t.shape = shape;
+  Slice s;
+  s.dtype = DType::BF16;
+  s.offset = offset;
+  s.start.assign(shape.size(), 0);
+  s.extent = shape;
+  s.strides.assign(shape.size(), 1);
+  for (size_t d = shape.size(); d-- > 1;) s.strides[d - 1] = s.strides[d] * shape[d];
+  t.pieces.push_back(s);
+  return t;
+}
+
+nlohmann::ordered_json qwen2_config() {
+  // 2 layers, hidden 8, 4 query heads of dim 2 in 2 KV groups (q_per_kv 2), ffn 6, vocab 10.
+  return {{"architectures", {"Qwen2ForCausalLM"}}, {"num_hidden_layers", 2}, {"hidden_size", 8},
+          {"num_attention_heads", 4}, {"num_key_value_heads", 2}, {"vocab_size", 10}, {"tie_word_embeddings", true}};
+}
+
+const SourceTensor& find(const HfTensors& m, const std::string& name) {
+  for (const auto& t : m.tensors)
+    if (t.name == name) return t;
+  throw std::runtime_error("no tensor " + name);
+}
+
+TEST(MegatronNames, UnstacksAndSplitsQkvPerGroup) {
+  // linear_qkv: [L=2, groups 2 x (2 + 2) x head_dim 2 = 16 rows, H=8]; a row is 16 bytes.
+  SourceSet set;
+  set.tensors = {stored("decoder.layers.self_attention.linear_qkv.weight", {2, 16, 8}, 0),
+                 stored("decoder.layers.self_attention.linear_qkv.bias", {2, 16}, 100000)};
+  const HfTensors m = map_megatron_to_hf(set, qwen2_config(), {});
+  const SourceTensor& q1 = find(m, "model.layers.1.self_attn.q_proj.weight");
+  EXPECT_EQ(q1.shape, (std::vector<int64_t>{8, 8}));
+  // Group g's q rows are rows [8g, 8g + 4) of layer 1's block: two pieces.
+  ASSERT_EQ(q1.pieces.size(), 2u);
+  EXPECT_EQ(q1.pieces[0].offset, (16u * 8) * 2);           // layer 1, group 0, row 0
+  EXPECT_EQ(q1.pieces[0].start, (std::vector<int64_t>{0, 0}));
+  EXPECT_EQ(q1.pieces[1].offset, (16u * 8 + 8 * 8) * 2);   // layer 1, group 1, row 0
+  EXPECT_EQ(q1.pieces[1].start, (std::vector<int64_t>{4, 0}));
+  const SourceTensor& k0 = find(m, "model.layers.0.self_attn.k_proj.weight");
+  EXPECT_EQ(k0.shape, (std::vector<int64_t>{4, 8}));
+  EXPECT_EQ(k0.pieces[0].offset, (4u * 8) * 2);            // group 0 rows 4-5
+  EXPECT_EQ(k0.pieces[1].offset, (12u * 8) * 2);           // group 1 rows 12-13
+  const SourceTensor& v0 = find(m, "model.layers.0.self_attn.v_proj.bias");
+  EXPECT_EQ(v0.shape, (std::vector<int64_t>{4}));
+  EXPECT_EQ(v0.pieces[1].offset, 100000u + 14 * 2);
+  EXPECT_EQ(v0.pieces[1].extent, (std::vector<int64_t>{2}));
+}
+
+TEST(MegatronNames, GateUpHalvesExpertsAndGlobals) {
+  nlohmann::ordered_json cfg = qwen2_config();
+  cfg["architectures"] = {"Qwen2MoeForCausalLM"};
+  cfg["tie_word_embeddings"] = false;
+  SourceSet set;
+  set.tensors = {stored("embedding.word_embeddings.weight", {12, 8}, 0),  // 2 padded rows
+                 stored("decoder.layers.mlp.experts.experts.linear_fc1.weight", {2, 3, 12, 8}, 1000),
+                 stored("decoder.layers.mlp.shared_experts.linear_fc1.weight", {2, 12, 8}, 9000),
+                 stored("decoder.layers.1.mlp.router.weight", {3, 8}, 20000),
+                 stored("decoder.final_layernorm.weight", {8}, 30000),
+                 stored("output_layer.weight", {10, 8}, 40000)};
+  const HfTensors m = map_megatron_to_hf(set, cfg, {});
+  const SourceTensor& emb = find(m, "model.embed_tokens.weight");
+  EXPECT_EQ(emb.shape, (std::vector<int64_t>{10, 8}));
+  const SourceTensor& up = find(m, "model.layers.1.mlp.experts.2.up_proj.weight");
+  EXPECT_EQ(up.shape, (std::vector<int64_t>{6, 8}));
+  EXPECT_EQ(up.pieces[0].offset, 1000u + ((1 * 3 + 2) * 12 + 6) * 8 * 2);
+  EXPECT_EQ(find(m, "model.layers.0.mlp.shared_expert.gate_proj.weight").pieces[0].offset, 9000u);
+  EXPECT_EQ(find(m, "model.layers.1.mlp.gate.weight").shape, (std::vector<int64_t>{3, 8}));
+  EXPECT_EQ(find(m, "model.norm.weight").pieces[0].offset, 30000u);
+  EXPECT_EQ(find(m, "lm_head.weight").shape, (std::vector<int64_t>{10, 8}));
+  // HF order: embedding first, lm_head last, layers in between in order.
+  EXPECT_EQ(m.tensors.front().name, "model.embed_tokens.weight");
+  EXPECT_EQ(m.tensors.back().name, "lm_head.weight");
+  EXPECT_FALSE(m.notes.empty());  // the dropped padding rows are reported
+}
+
+TEST(MegatronNames, TiedAndValueHeads) {
+  SourceSet set;
+  set.tensors = {stored("output_layer.weight", {10, 8}, 0)};
+  EXPECT_TRUE(map_megatron_to_hf(set, qwen2_config(), {}).tensors.empty());  // tied: the embedding's copy
+  SourceSet value;
+  value.tensors = {stored("output_layer.weight", {1, 8}, 0)};
+  EXPECT_THROW(map_megatron_to_hf(value, qwen2_config(), {}), Error);
+  MegatronMapOptions o;
+  o.value_model = true;
+  EXPECT_EQ(map_megatron_to_hf(value, qwen2_config(), o).tensors.at(0).name, "score.weight");
+}
+
+TEST(MegatronNames, UnknownKeysAndArchitecturesAreListed) {
+  SourceSet set;
+  set.tensors = {stored("mtp.layers.0.eh_proj.weight", {8, 16}, 0), stored("vision_model.patch.weight", {8, 8}, 0)};
+  try {
+    map_megatron_to_hf(set, qwen2_config(), {});
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("mtp.layers.0.eh_proj.weight"), std::string::npos);
+    EXPECT_NE(std::string(e.what()).find("vision_model.patch.weight"), std::string::npos);
+  }
+  nlohmann::ordered_json cfg = qwen2_config();
+  cfg["architectures"] = {"GPTNeoXForCausalLM"};
+  try {
+    map_megatron_to_hf(SourceSet{}, cfg, {});
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("Qwen3MoeForCausalLM"), std::string::npos);  // lists what is supported
+  }
+}
+
+TEST(MegatronNames, StackedLayerCountMustMatchConfig) {
+  SourceSet set;
+  set.tensors = {stored("decoder.layers.mlp.linear_fc2.weight", {3, 8, 6}, 0)};
+  EXPECT_THROW(map_megatron_to_hf(set, qwen2_config(), {}), Error);
+}
+
+}  // namespace
+}  // namespace shardmerge
