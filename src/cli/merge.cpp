@@ -53,7 +53,7 @@ void add_exec_options(CLI::App* cmd, ExecCliOptions& o) {
   cmd->add_option("--target_dir,--target-dir", o.target, "Output directory (created atomically)");
   cmd->add_option("--threads", o.threads, "Worker threads (default: one per core)");
   cmd->add_option("--memory-limit,--memory_limit", o.memory_limit, "Peak resident memory, e.g. 512MiB, 2GB");
-  cmd->add_option("--device", o.device, "Executor: cpu, cuda, cuda:0,1, auto");
+  add_device_options(cmd, o.device, o.gpu_memory);
   cmd->add_option("--profile", o.profile, "Write a Chrome trace of the phases to this file");
   cmd->add_flag("--json", o.json, "Print the summary as JSON");
   cmd->add_flag("--verify", o.verify, "After writing, re-read the source and compare every output byte");
@@ -63,12 +63,19 @@ void add_exec_options(CLI::App* cmd, ExecCliOptions& o) {
 int write_merge(const std::function<PlannedMerge()>& make_plan, const ExecCliOptions& o) {
   const auto start = Clock::now();
   Trace trace(!o.profile.empty());
-  if (o.device != "cpu" && o.device != "auto")
-    throw usage_error("--device " + o.device + ": this build has only the CPU executor");
+  const std::optional<dist::LaunchInfo> launch = dist::launch_from_environment();
+  // Under a launcher, `--device cuda` means this process's own GPU, one process per GPU.
+  const std::string device = launch && o.device == "cuda" ? "cuda:" + std::to_string(launch->local_rank) : o.device;
+  ChosenExecutor chosen = choose_executor(device, o.gpu_memory);
   ExecOptions exec;
   exec.threads = o.threads;
   exec.memory_limit = parse_size(o.memory_limit);
   exec.trace = &trace;
+  if (launch) {
+    if (!o.profile.empty()) throw usage_error("--profile is not available in a multi-process merge");
+    dist::ProcessGroup group(*launch);
+    return write_merge_distributed(group, make_plan, o, *chosen.executor, exec);
+  }
 
   PlannedMerge pm;
   {
@@ -77,17 +84,19 @@ int write_merge(const std::function<PlannedMerge()>& make_plan, const ExecCliOpt
   }
   const MergePlan& plan = pm.plan;
   if (!o.json) {
-    std::printf("shardmerge: %s\n  source: %s\n", plan.layout.c_str(), pm.role_dir.c_str());
+    std::printf("shardmerge: %s\n  source: %s\n  executor: %s\n", plan.layout.c_str(), pm.role_dir.c_str(),
+                chosen.description.c_str());
     for (const auto& n : plan.notes) std::printf("  note: %s\n", n.c_str());
     std::fflush(stdout);
   }
 
   HfTreeWriter writer(o.target, o.force, pm.role_dir);
+  for (const std::string& d : pm.other_source_dirs) writer.refuse_overlap(d);
   writer.create(plan);
-  auto executor = make_cpu_executor();
+  Executor& executor = *chosen.executor;
   Progress progress("merging", plan.bytes_written(), !o.json && Progress::stderr_is_tty());
   exec.progress = &progress;
-  const ExecStats stats = executor->run(plan, writer, exec);
+  const ExecStats stats = executor.run(plan, writer, exec);
   progress.finish();
   {
     auto scope = trace.scope("fsync");
@@ -103,7 +112,7 @@ int write_merge(const std::function<PlannedMerge()>& make_plan, const ExecCliOpt
     CompareSink sink(plan, written, 0.0);
     ExecOptions again = exec;
     again.progress = nullptr;
-    executor->run(plan, sink, again);
+    executor.run(plan, sink, again);
     check = sink.result();
   }
   if (!o.profile.empty()) trace.write(o.profile);
@@ -114,6 +123,7 @@ int write_merge(const std::function<PlannedMerge()>& make_plan, const ExecCliOpt
     j["source"] = pm.role_dir;
     j["target"] = o.target;
     j["layout"] = plan.layout;
+    j["executor"] = chosen.description;
     j["tensors"] = plan.tensors.size();
     j["files"] = plan.files.size();
     j["bytes_read"] = stats.bytes_read;

@@ -20,8 +20,25 @@ void add_merge_options(CLI::App* cmd, MergeCliOptions& o) {
   cmd->add_flag("--is-value-model,--is_value_model", o.is_value_model, "Value/reward model (Megatron: write score.weight)");
   cmd->add_flag("--trust-remote-code,--trust_remote_code", o.trust_remote_code,
                 "Accepted for verl compatibility (shardmerge never runs model code)");
+  cmd->add_option("--hf_model_path,--hf-model-path", o.hf_model_path,
+                  "HF directory to take config.json and tokenizer from when the checkpoint has none (or to override it)");
   cmd->add_option("--role", o.role, "Role to take from a run or step root");
   cmd->add_flag("-v,--verbose", o.verbose, "More detail (repeat for more)");
+}
+
+void add_device_options(CLI::App* cmd, std::string& device, std::string& gpu_memory) {
+  cmd->add_option("--device", device, "Executor: cpu, cuda (all GPUs), cuda:0,1 (these GPUs), auto (CUDA if a GPU is usable)");
+  cmd->add_option("--gpu-memory,--gpu_memory", gpu_memory,
+                  "GPU memory each device may use, e.g. 8GiB (auto: the smaller of 4 GiB and 80% of what is free)");
+}
+
+ChosenExecutor choose_executor(const std::string& device, const std::string& gpu_memory) {
+  uint64_t per_device = 0;
+  if (gpu_memory != "auto") {
+    per_device = parse_size(gpu_memory);
+    if (per_device == 0) throw usage_error("--gpu-memory must be positive (or auto)");
+  }
+  return choose_executor(parse_device(device), per_device);
 }
 
 MergeRequest to_request(const MergeCliOptions& o) {
@@ -29,6 +46,7 @@ MergeRequest to_request(const MergeCliOptions& o) {
   r.local_dir = o.local_dir;
   r.backend = o.backend;
   r.role = o.role;
+  r.hf_model_path = o.hf_model_path;
   if (o.dtype == "auto") {
     r.output.dtype_policy = DTypePolicy::Auto;
   } else if (o.dtype == "keep") {

@@ -5,6 +5,8 @@
 #include <functional>
 #include <string>
 
+#include "exec/device.hpp"
+#include "exec/dist/process_group.hpp"
 #include "plan/planner.hpp"
 
 namespace shardmerge::cli {
@@ -20,6 +22,7 @@ struct MergeCliOptions {
   bool is_value_model = false;
   bool trust_remote_code = false;  // accepted for verl compatibility: nothing is executed anyway
   std::string role = "actor";
+  std::string hf_model_path;
   int verbose = 0;
 };
 
@@ -32,6 +35,7 @@ struct ExecCliOptions {
   unsigned threads = 0;
   std::string memory_limit = "512MiB";
   std::string device = "cpu";
+  std::string gpu_memory = "auto";
   std::string profile;
   bool json = false;
   bool verify = false;
@@ -39,7 +43,17 @@ struct ExecCliOptions {
 };
 
 void add_exec_options(CLI::App* cmd, ExecCliOptions& o);
+
+// --device and --gpu-memory (`merge`, `fold-lora`, `verify`), and the executor they choose.
+void add_device_options(CLI::App* cmd, std::string& device, std::string& gpu_memory);
+ChosenExecutor choose_executor(const std::string& device, const std::string& gpu_memory);
 // Plans (timed as the "plan" phase), writes the output tree, optionally verifies, prints the summary.
 int write_merge(const std::function<PlannedMerge()>& make_plan, const ExecCliOptions& o);
+
+// The same, as one of several processes found by write_merge from the launcher's environment
+// (torchrun, mpirun): each writes its share of the output files into one temp dir on a shared
+// filesystem; rank 0 commits the tree and prints the summary.
+int write_merge_distributed(dist::ProcessGroup& group, const std::function<PlannedMerge()>& make_plan,
+                            const ExecCliOptions& o, Executor& executor, const ExecOptions& exec);
 
 }  // namespace shardmerge::cli

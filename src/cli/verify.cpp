@@ -15,10 +15,12 @@
 namespace shardmerge::cli {
 namespace {
 
-int print_result(const TreeDiff& d, const std::string& what, bool as_json) {
+// `executor`: which one produced the expected bytes (verify), empty for diff.
+int print_result(const TreeDiff& d, const std::string& what, bool as_json, const std::string& executor = "") {
   if (as_json) {
     nlohmann::ordered_json j;
     j["equal"] = d.equal();
+    if (!executor.empty()) j["executor"] = executor;
     j["missing"] = d.missing;
     j["unexpected"] = d.unexpected;
     j["metadata_mismatch"] = d.mismatched_meta;
@@ -27,6 +29,7 @@ int print_result(const TreeDiff& d, const std::string& what, bool as_json) {
       v[name] = {{"elements", t.elements}, {"mismatched", t.mismatched}, {"max_abs_error", t.max_abs_error}};
     std::cout << j.dump(2) << "\n";
   } else {
+    if (!executor.empty()) std::printf("shardmerge: executor: %s\n", executor.c_str());
     for (const auto& l : d.report(50)) std::printf("%s\n", l.c_str());
     std::printf("shardmerge: %s: %s (%zu tensors compared)\n", what.c_str(), d.equal() ? "equal" : "DIFFERENT",
                 d.values.size());
@@ -39,15 +42,17 @@ struct VerifyCli {
   std::string test_dir;
   double atol = 0;
   bool json = false;
+  std::string device = "cpu";
+  std::string gpu_memory = "auto";
 };
 
 int run_verify(const VerifyCli& o) {
+  const ChosenExecutor chosen = choose_executor(o.device, o.gpu_memory);
   PlannedMerge pm = plan_merge(to_request(o.common));
   HfWeights reference = open_hf_weights(o.test_dir);
   CompareSink sink(pm.plan, reference, o.atol);
-  auto executor = make_cpu_executor();
-  executor->run(pm.plan, sink, ExecOptions{});
-  return print_result(sink.result(), pm.role_dir + " vs " + o.test_dir, o.json);
+  chosen.executor->run(pm.plan, sink, ExecOptions{});
+  return print_result(sink.result(), pm.role_dir + " vs " + o.test_dir, o.json, chosen.description);
 }
 
 }  // namespace
@@ -62,6 +67,7 @@ void add_verify(CLI::App& app, Runner& run) {
     cmd->add_option("--test_hf_dir,--test-hf-dir", o->test_dir, "HF directory to check")->required();
     cmd->add_option("--atol", o->atol, "Accept floating-point differences up to this (default: bitwise)");
     cmd->add_flag("--json", o->json, "Print the result as JSON");
+    add_device_options(cmd, o->device, o->gpu_memory);
     cmd->callback([&run, o] { run = [o] { return run_verify(*o); }; });
   }
 }

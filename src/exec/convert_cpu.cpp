@@ -95,6 +95,15 @@ void convert_elements(const void* src_v, DType from, int64_t src_stride, void* d
   }
 }
 
+size_t first_non_finite(const float* values, size_t n) {
+  uint32_t any = 0;
+  for (size_t i = 0; i < n; ++i) any |= (float_bits(values[i]) & 0x7F800000u) == 0x7F800000u;
+  if (!any) return n;
+  for (size_t i = 0; i < n; ++i)
+    if ((float_bits(values[i]) & 0x7F800000u) == 0x7F800000u) return i;
+  return n;
+}
+
 void convert_box(const void* src, DType from, const int64_t* src_strides, void* dst, DType to, const int64_t* dst_strides,
                  const int64_t* extent, size_t ndim) {
   if (ndim == 0) return convert_elements(src, from, 1, dst, to, 1);

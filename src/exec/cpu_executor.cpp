@@ -2,7 +2,6 @@
 // or pread + cast + pwrite); slabs gather through bounded staging; LoRA folds run slab by
 // slab through an fp32 sgemm. All staging comes from one budget derived from --memory-limit.
 #include <cblas.h>
-#include <fcntl.h>
 
 #include <algorithm>
 #include <atomic>
@@ -16,10 +15,10 @@
 #include "exec/convert_cpu.hpp"
 #include "exec/gather.hpp"
 #include "exec/io.hpp"
+#include "exec/sources.hpp"
 #include "exec/tasks.hpp"
 #include "shardmerge/error.hpp"
 #include "shardmerge/executor.hpp"
-#include "util/file.hpp"
 #include "util/progress.hpp"
 #include "util/rss.hpp"
 #include "util/trace.hpp"
@@ -69,20 +68,34 @@ class MemoryBudget {
   uint64_t free_, total_;
 };
 
+// Per-worker memory that fold tasks need beyond the two staging buffers (all of A or B, and
+// the slab's rows of the other): grown from the budget on demand, kept for the next task,
+// given back when the worker ends. Reusing it avoids page-faulting fresh memory per task.
+class FoldScratch {
+ public:
+  explicit FoldScratch(MemoryBudget& budget) : budget_(budget) {}
+  ~FoldScratch() {
+    if (buffer_) budget_.release(buffer_->size);
+  }
+  uint8_t* reserve(size_t bytes) {
+    if (!buffer_ || buffer_->size < bytes) {
+      budget_.acquire(bytes);
+      if (buffer_) budget_.release(buffer_->size);
+      buffer_.reset();
+      buffer_ = std::make_unique<AlignedBuffer>(bytes);
+    }
+    return buffer_->data;
+  }
+
+ private:
+  MemoryBudget& budget_;
+  std::unique_ptr<AlignedBuffer> buffer_;
+};
+
 class CpuRun {
  public:
-  CpuRun(const MergePlan& plan, const OutputSink& out, const ExecOptions& opt) : plan_(plan), out_(out), opt_(opt) {
-    for (const SourceFile& s : plan.sources) {
-      File f = File::open_read(s.path);
-      if (f.size() != s.size)
-        throw Error("changed since the plan was made (" + std::to_string(s.size) + " bytes then, " +
-                    std::to_string(f.size()) + " now)")
-            .file(s.path);
-      ::posix_fadvise(f.fd(), 0, 0, POSIX_FADV_SEQUENTIAL);
-      sources_.fds.push_back(f.fd());
-      sources_.names.push_back(s.path);
-      files_.push_back(std::move(f));
-    }
+  CpuRun(const MergePlan& plan, const OutputSink& out, const ExecOptions& opt)
+      : plan_(plan), out_(out), opt_(opt), files_(plan.sources), sources_(files_.fds()) {
     threads_ = opt.threads ? opt.threads : std::max(1u, std::thread::hardware_concurrency());
     // Two staging buffers per worker (read, convert) take half of what the limit leaves;
     // fold tasks draw on the other half.
@@ -117,6 +130,7 @@ class CpuRun {
   void worker() {
     try {
       AlignedBuffer read(staging_), conv(staging_);
+      FoldScratch scratch(*budget_);
       while (!failed_.load()) {
         const size_t i = next_.fetch_add(1);
         if (i >= tasks_.size()) break;
@@ -125,7 +139,7 @@ class CpuRun {
           switch (t.kind) {
             case Task::Kind::Run: run_task(t, read, conv); break;
             case Task::Kind::Slab: slab_task(t, read, conv); break;
-            case Task::Kind::Fold: fold_task(t, read); break;
+            case Task::Kind::Fold: fold_task(t, read, conv, scratch); break;
           }
         } catch (Error& e) {
           e.tensor(plan_.tensors[t.tensor].name);
@@ -185,8 +199,9 @@ class CpuRun {
   }
 
   // W' = W + scale * B @ A (or its transpose for fan_in_fan_out / embeddings) in fp32, in
-  // slabs of W's rows; the whole A (or B) stays resident for the tensor.
-  void fold_task(const Task& t, AlignedBuffer& read) {
+  // slabs of W's rows; the whole A (or B) stays resident for the tensor. The fp32 slab lives
+  // in `conv`, and once the slab's gathers are done its cast result goes to `read`.
+  void fold_task(const Task& t, AlignedBuffer& read, AlignedBuffer& conv, FoldScratch& scratch) {
     const OutputTensor& out = plan_.tensors[t.tensor];
     const LoraFold& f = *out.lora;
     const int64_t rows = out.shape.at(0), cols = out.shape.at(1), r = f.rank;
@@ -194,29 +209,23 @@ class CpuRun {
     // Non-transposed: W [out, in] += B[out, r] @ A[r, in]: slab rows of W need rows of B and all of A.
     // Transposed:     W [in, out] += (B @ A)^T = A^T @ B^T: slab rows of W need columns of A and all of B.
     const int64_t slab_rows = std::clamp<int64_t>(static_cast<int64_t>(staging_ / (4 * cols)), 1, rows);
-    const uint64_t resident = static_cast<uint64_t>(r * cols) * 4;  // all of A [r, in] or of B [out, r]
-    const uint64_t per_slab = static_cast<uint64_t>(slab_rows * cols) * (4 + dtype_size(out.dtype)) +
-                              static_cast<uint64_t>(slab_rows * r) * 4;
-    budget_->acquire(resident + per_slab);
-    struct Release {
-      MemoryBudget& b;
-      uint64_t n;
-      ~Release() { b.release(n); }
-    } release{*budget_, resident + per_slab};
+    if (static_cast<uint64_t>(slab_rows * cols) * 4 > staging_)
+      throw Error("a row of " + std::to_string(cols) + " elements does not fit the staging buffers; raise --memory-limit");
+    const size_t resident = static_cast<size_t>(r * cols) * 4;  // all of A [r, in] or of B [out, r]
+    const size_t part_at = (resident + 63) / 64 * 64;
+    uint8_t* arena = scratch.reserve(part_at + static_cast<size_t>(slab_rows * r) * 4);
+    auto* all = reinterpret_cast<float*>(arena);
+    auto* p = reinterpret_cast<float*>(arena + part_at);
+    auto* w = reinterpret_cast<float*>(conv.data);
 
     Gatherer g(sources_, read.data, read.size);
-    AlignedBuffer whole(resident), w32(static_cast<size_t>(slab_rows * cols) * 4),
-        part(static_cast<size_t>(slab_rows * r) * 4), wout(static_cast<size_t>(slab_rows * cols) * dtype_size(out.dtype));
     {
       auto scope = trace("read", resident);
-      bytes_read_ += tr ? g.gather(f.b, Box{{0, 0}, {cols, r}}, whole.data, DType::F32)
-                        : g.gather(f.a, Box{{0, 0}, {r, cols}}, whole.data, DType::F32);
+      bytes_read_ += tr ? g.gather(f.b, Box{{0, 0}, {cols, r}}, all, DType::F32)
+                        : g.gather(f.a, Box{{0, 0}, {r, cols}}, all, DType::F32);
     }
     for (int64_t r0 = 0; r0 < rows; r0 += slab_rows) {
       const int64_t n = std::min(slab_rows, rows - r0);
-      auto* w = reinterpret_cast<float*>(w32.data);
-      auto* p = reinterpret_cast<float*>(part.data);
-      const auto* all = reinterpret_cast<const float*>(whole.data);
       {
         auto scope = trace("gather", static_cast<uint64_t>(n * cols) * 4);
         bytes_read_ += g.gather(out.copies, Box{{r0, 0}, {n, cols}}, w, DType::F32);
@@ -234,15 +243,15 @@ class CpuRun {
                       static_cast<int>(r), scale, p, static_cast<int>(r), all, static_cast<int>(cols), 1.0f, w,
                       static_cast<int>(cols));
         }
-        for (int64_t i = 0; i < n * cols; ++i)
-          if (!std::isfinite(w[i]))
-            throw Error("LoRA fold produced a non-finite value at [" + std::to_string(r0 + i / cols) + ", " +
-                        std::to_string(i % cols) + "]");
-        convert_elements(w, DType::F32, 1, wout.data, out.dtype, static_cast<size_t>(n * cols));
+        const auto total = static_cast<size_t>(n * cols);
+        if (const size_t i = first_non_finite(w, total); i < total)
+          throw Error("LoRA fold produced a non-finite value at [" + std::to_string(r0 + static_cast<int64_t>(i) / cols) +
+                      ", " + std::to_string(static_cast<int64_t>(i) % cols) + "]");
+        convert_elements(w, DType::F32, 1, read.data, out.dtype, total);
       }
       const uint64_t bytes = static_cast<uint64_t>(n * cols) * dtype_size(out.dtype);
       auto scope = trace("write", bytes);
-      out_.write(out.file, out.offset + static_cast<uint64_t>(r0 * cols) * dtype_size(out.dtype), wout.data, bytes);
+      out_.write(out.file, out.offset + static_cast<uint64_t>(r0 * cols) * dtype_size(out.dtype), read.data, bytes);
       wrote(bytes);
     }
     ++folds_;
@@ -255,8 +264,8 @@ class CpuRun {
   const MergePlan& plan_;
   const OutputSink& out_;
   const ExecOptions& opt_;
-  std::vector<File> files_;
-  SourceFds sources_;
+  OpenSources files_;
+  const SourceFds& sources_;
   unsigned threads_ = 1;
   uint64_t staging_ = 0;
   std::unique_ptr<MemoryBudget> budget_;

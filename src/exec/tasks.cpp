@@ -74,7 +74,9 @@ std::vector<Box> slab_boxes(const std::vector<int64_t>& shape, uint64_t max_elem
 }
 
 std::vector<Task> make_tasks(const MergePlan& plan, const TaskLimits& limits) {
-  std::vector<Task> heavy, runs;
+  // Plan order: each tensor's tasks together, so CPU-heavy folds and slabs interleave with the
+  // I/O-bound runs of neighbouring tensors and the disk keeps busy while the CPUs compute.
+  std::vector<Task> tasks;
   for (uint32_t ti = 0; ti < plan.tensors.size(); ++ti) {
     const OutputTensor& t = plan.tensors[ti];
     const uint64_t out_elem = dtype_size(t.dtype);
@@ -82,7 +84,7 @@ std::vector<Task> make_tasks(const MergePlan& plan, const TaskLimits& limits) {
       Task task;
       task.kind = Task::Kind::Fold;
       task.tensor = ti;
-      heavy.push_back(task);
+      tasks.push_back(task);
       continue;
     }
     bool direct = true;
@@ -101,7 +103,7 @@ std::vector<Task> make_tasks(const MergePlan& plan, const TaskLimits& limits) {
           task.src_dtype = s.dtype;
           task.count = std::min(chunk, n - e);
           task.dst_offset = base + e * out_elem;
-          runs.push_back(task);
+          tasks.push_back(task);
         }
       }
       continue;
@@ -114,15 +116,47 @@ std::vector<Task> make_tasks(const MergePlan& plan, const TaskLimits& limits) {
       task.tensor = ti;
       task.dst_offset = t.offset + linear_index(b.start, t.shape) * out_elem;
       task.box = std::move(b);
-      heavy.push_back(std::move(task));
+      tasks.push_back(std::move(task));
     }
   }
-  // Runs in source order, so each rank file is read front to back.
-  std::stable_sort(runs.begin(), runs.end(), [](const Task& a, const Task& b) {
-    return a.src_file != b.src_file ? a.src_file < b.src_file : a.src_offset < b.src_offset;
-  });
-  heavy.insert(heavy.end(), runs.begin(), runs.end());
-  return heavy;
+  return tasks;
+}
+
+
+uint64_t task_bytes(const MergePlan& plan, const Task& task) {
+  const OutputTensor& out = plan.tensors[task.tensor];
+  const uint64_t out_elem = dtype_size(out.dtype);
+  switch (task.kind) {
+    case Task::Kind::Run: return task.count * (dtype_size(task.src_dtype) + out_elem);
+    case Task::Kind::Slab: {
+      uint64_t widest = 0;
+      for (const Slice& s : out.copies) widest = std::max<uint64_t>(widest, dtype_size(s.dtype));
+      return task.box.numel() * (widest + out_elem);
+    }
+    case Task::Kind::Fold: {
+      uint64_t bytes = out.numel() * out_elem;
+      for (const auto* slices : {&out.copies, &out.lora->a, &out.lora->b})
+        for (const Slice& s : *slices) bytes += s.numel() * dtype_size(s.dtype);
+      return bytes;
+    }
+  }
+  return 0;
+}
+
+std::vector<std::vector<Task>> split_by_bytes(const MergePlan& plan, const std::vector<Task>& tasks, size_t parts) {
+  std::vector<std::vector<Task>> out(std::max<size_t>(parts, 1));
+  std::vector<uint64_t> bytes;
+  uint64_t total = 0;
+  for (const Task& t : tasks) total += bytes.emplace_back(task_bytes(plan, t));
+  // A task goes to the part its middle byte falls in.
+  uint64_t before = 0;
+  for (size_t i = 0; i < tasks.size(); ++i) {
+    const double middle = static_cast<double>(before) + static_cast<double>(bytes[i]) / 2;
+    const auto part = total == 0 ? 0 : static_cast<size_t>(middle / static_cast<double>(total) * static_cast<double>(out.size()));
+    out[std::min(part, out.size() - 1)].push_back(tasks[i]);
+    before += bytes[i];
+  }
+  return out;
 }
 
 }  // namespace shardmerge

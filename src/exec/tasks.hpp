@@ -48,4 +48,11 @@ std::vector<Box> slab_boxes(const std::vector<int64_t>& shape, uint64_t max_elem
 
 std::vector<Task> make_tasks(const MergePlan& plan, const TaskLimits& limits);
 
+// Source plus output bytes a task moves (a slab counts its widest source dtype).
+uint64_t task_bytes(const MergePlan& plan, const Task& task);
+
+// Cuts `tasks` into `parts` consecutive runs of about equal task_bytes, for executors that drive
+// several devices: order is kept, so each part still reads its files front to back.
+std::vector<std::vector<Task>> split_by_bytes(const MergePlan& plan, const std::vector<Task>& tasks, size_t parts);
+
 }  // namespace shardmerge

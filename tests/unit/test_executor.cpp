@@ -72,25 +72,6 @@ Slice slice(uint32_t file, uint64_t offset, std::vector<int64_t> strides, std::v
   return Slice{file, offset, DType::F32, std::move(strides), std::move(start), std::move(extent)};
 }
 
-// Builds a one-file plan from tensors and their pieces (offsets filled in like build_plan).
-MergePlan make_plan(std::vector<OutputTensor> tensors, std::vector<SourceFile> sources) {
-  MergePlan plan;
-  plan.sources = std::move(sources);
-  std::vector<TensorDecl> decls;
-  for (const auto& t : tensors) decls.push_back({t.name, t.dtype, t.shape});
-  const SafetensorsLayout layout = layout_safetensors(decls);
-  plan.files.push_back({"model.safetensors", layout.header, layout.file_size});
-  for (auto& t : tensors) {
-    for (const auto& placed : layout.tensors)
-      if (placed.name == t.name) {
-        t.offset = placed.file_offset;
-        t.nbytes = placed.nbytes;
-      }
-    plan.tensors.push_back(std::move(t));
-  }
-  return plan;
-}
-
 class Executor : public ::testing::Test {
  protected:
   TempDir dir;
@@ -107,7 +88,7 @@ class Executor : public ::testing::Test {
     dim1.copies = {slice(0, 96, {6, 1}, {0, 0}, {4, 6}), slice(1, 96, {6, 1}, {0, 6}, {4, 6})};
     OutputTensor tr{"transposed", out, {6, 4}, 0, 0, 0, {}, std::nullopt, ""};
     tr.copies = {slice(0, 0, {1, 6}, {0, 0}, {6, 4})};  // element (i, j) at i + 6 j
-    return make_plan({dim0, dim1, tr}, sources);
+    return test::one_file_plan({dim0, dim1, tr}, sources);
   }
 
   // Expected global values of each tensor, computed directly from the source arrays.
@@ -202,7 +183,7 @@ TEST_F(Executor, FoldsLoraInFp32) {
   w.lora = LoraFold{{slice(1, 0, {4, 1}, {0, 0}, {2, 4})}, {slice(1, 32, {2, 1}, {0, 0}, {6, 2})}, 2, 0.5, false};
   OutputTensor wt{"wt", DType::F32, {4, 6}, 0, 0, 0, {slice(0, 0, {6, 1}, {0, 0}, {4, 6})}, std::nullopt, ""};
   wt.lora = LoraFold{{slice(1, 0, {4, 1}, {0, 0}, {2, 4})}, {slice(1, 32, {2, 1}, {0, 0}, {6, 2})}, 2, 0.5, true};
-  const MergePlan p = make_plan({w, wt}, sources);
+  const MergePlan p = test::one_file_plan({w, wt}, sources);
   const std::string out = dir / "fold";
   HfTreeWriter writer(out, false, "");
   writer.create(p);

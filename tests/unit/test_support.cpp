@@ -9,6 +9,8 @@
 #include <fstream>
 #include <sstream>
 
+#include "formats/safetensors.hpp"
+
 namespace shardmerge::test {
 
 TempDir::TempDir() {
@@ -42,6 +44,24 @@ std::string read_file(const std::string& path) {
   std::stringstream ss;
   ss << in.rdbuf();
   return ss.str();
+}
+
+MergePlan one_file_plan(std::vector<OutputTensor> tensors, std::vector<SourceFile> sources) {
+  MergePlan plan;
+  plan.sources = std::move(sources);
+  std::vector<TensorDecl> decls;
+  for (const auto& t : tensors) decls.push_back({t.name, t.dtype, t.shape});
+  const SafetensorsLayout layout = layout_safetensors(decls);
+  plan.files.push_back({"model.safetensors", layout.header, layout.file_size});
+  for (auto& t : tensors) {
+    for (const auto& placed : layout.tensors)
+      if (placed.name == t.name) {
+        t.offset = placed.file_offset;
+        t.nbytes = placed.nbytes;
+      }
+    plan.tensors.push_back(std::move(t));
+  }
+  return plan;
 }
 
 }  // namespace shardmerge::test

@@ -8,6 +8,9 @@
 #include <filesystem>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <vector>
+
+#include "shardmerge/plan.hpp"
 
 namespace shardmerge::test {
 
@@ -48,5 +51,9 @@ struct CommandResult {
 CommandResult run_shardmerge(const std::string& args);
 
 std::string read_file(const std::string& path);
+
+// A plan writing `tensors` (their copies and folds set by the caller) into one safetensors
+// file, offsets and sizes filled in as the planner would.
+MergePlan one_file_plan(std::vector<OutputTensor> tensors, std::vector<SourceFile> sources);
 
 }  // namespace shardmerge::test

@@ -1,0 +1,267 @@
+// shardmerge-gpu-bench: the CUDA executor against the CPU executor on a synthetic verl FSDP2
+// checkpoint, beside the copy ceilings that bound it, printed as an nccl-tests-style table:
+//   1. H2D and D2H bandwidth from pinned memory (cudaMemcpyAsync, timed with events);
+//   2. merge GB/s (bytes read + written per second) of each executor, fp32 shards to bf16;
+//   3. the same with PEFT LoRA (rank 64) folded into W: GB/s and fold TFLOP/s.
+// Each executor writes into a sink that keeps nothing, so the numbers are read + compute +
+// transfer; a separate run of each into memory checks the GPU output against the CPU's.
+//   shardmerge-gpu-bench --work /tmp/gpu-bench [--model qwen2.5-1.5b] [--out table.txt]
+#include <CLI/CLI.hpp>
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <thread>
+
+#include "exec/convert_cpu.hpp"
+#include "exec/cuda/cuda_executor.hpp"
+#include "kernels/cuda_check.hpp"
+#include "plan/planner.hpp"
+#include "shardmerge/error.hpp"
+#include "synthetic_fsdp.hpp"
+#include "util/rss.hpp"
+#include "util/units.hpp"
+
+namespace shardmerge {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// Lines go to stdout and to the --out file.
+class Report {
+ public:
+  explicit Report(const std::string& path) {
+    if (!path.empty()) file_.open(path);
+  }
+  template <class... Args>
+  void line(const char* format, Args... args) {
+    char buf[512];
+    std::snprintf(buf, sizeof buf, format, args...);
+    std::printf("%s\n", buf);
+    std::fflush(stdout);
+    if (file_) file_ << buf << "\n" << std::flush;
+  }
+
+ private:
+  std::ofstream file_;
+};
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+// ---- 1. copy ceilings ------------------------------------------------------------------------
+
+void copy_ceilings(Report& report, int reps) {
+  report.line("#");
+  report.line("# copy ceilings: pinned host memory <-> device, cudaMemcpyAsync, median of %d after 2 warm-ups", reps);
+  report.line("#%14s %10s %12s %10s", "size(B)", "direction", "time(us)", "GB/s");
+  const uint64_t largest = 256ull << 20;
+  void* host = nullptr;
+  void* dev = nullptr;
+  cuda::check(cudaHostAlloc(&host, largest, cudaHostAllocDefault), "cudaHostAlloc");
+  cuda::check(cudaMalloc(&dev, largest), "cudaMalloc");
+  std::memset(host, 0x3C, largest);  // real bytes, and every page touched before timing
+  cudaStream_t stream;
+  cudaEvent_t start, stop;
+  cuda::check(cudaStreamCreate(&stream), "cudaStreamCreate");
+  cuda::check(cudaEventCreate(&start), "cudaEventCreate");
+  cuda::check(cudaEventCreate(&stop), "cudaEventCreate");
+  for (uint64_t size : {1ull << 20, 16ull << 20, 64ull << 20, 256ull << 20})
+    for (bool h2d : {true, false}) {
+      std::vector<double> ms;
+      for (int i = 0; i < reps + 2; ++i) {
+        cuda::check(cudaEventRecord(start, stream), "cudaEventRecord");
+        cuda::check(h2d ? cudaMemcpyAsync(dev, host, size, cudaMemcpyHostToDevice, stream)
+                        : cudaMemcpyAsync(host, dev, size, cudaMemcpyDeviceToHost, stream),
+                    "cudaMemcpyAsync");
+        cuda::check(cudaEventRecord(stop, stream), "cudaEventRecord");
+        cuda::check(cudaEventSynchronize(stop), "cudaEventSynchronize");
+        float t = 0;
+        cuda::check(cudaEventElapsedTime(&t, start, stop), "cudaEventElapsedTime");
+        if (i >= 2) ms.push_back(t);
+      }
+      const double m = median(ms);
+      report.line(" %14llu %10s %12.1f %10.2f", static_cast<unsigned long long>(size), h2d ? "H2D" : "D2H", m * 1e3,
+                  static_cast<double>(size) / (m * 1e-3) / 1e9);
+    }
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  cudaStreamDestroy(stream);
+  cudaFree(dev);
+  cudaFreeHost(host);
+}
+
+// ---- 2./3. merges ----------------------------------------------------------------------------
+
+class DiscardSink : public OutputSink {
+ public:
+  void write(uint32_t, uint64_t, const void*, size_t) const override {}
+};
+
+class MemorySink : public OutputSink {
+ public:
+  explicit MemorySink(const MergePlan& plan) {
+    for (const OutputFile& f : plan.files) files.emplace_back(f.size, 0);
+  }
+  void write(uint32_t file, uint64_t offset, const void* data, size_t n) const override {
+    std::memcpy(files[file].data() + offset, data, n);
+  }
+  mutable std::vector<std::vector<uint8_t>> files;
+};
+
+// How far the GPU's output is from the CPU's, tensor by tensor: differing bytes, and for float
+// tensors the largest distance in units of the output dtype's last place.
+struct Agreement {
+  uint64_t bytes_differ = 0;
+  int64_t max_ulp = 0;
+};
+
+Agreement compare(const MergePlan& plan, const MemorySink& cpu, const MemorySink& gpu) {
+  Agreement a;
+  for (const OutputTensor& t : plan.tensors) {
+    const uint8_t* x = cpu.files[t.file].data() + t.offset;
+    const uint8_t* y = gpu.files[t.file].data() + t.offset;
+    if (std::memcmp(x, y, t.nbytes) == 0) continue;
+    const size_t size = dtype_size(t.dtype);
+    for (uint64_t i = 0; i < t.nbytes; i += size) {
+      if (std::memcmp(x + i, y + i, size) == 0) continue;
+      a.bytes_differ += size;
+      if (size > 8) continue;
+      int64_t u = 0, v = 0;
+      std::memcpy(&u, x + i, size);
+      std::memcpy(&v, y + i, size);
+      const int64_t sign = int64_t{1} << (8 * size - 1);
+      auto ordered = [&](int64_t w) { return (w & sign) ? -(w & (sign - 1)) : w; };
+      a.max_ulp = std::max(a.max_ulp, std::abs(ordered(u) - ordered(v)));
+    }
+  }
+  return a;
+}
+
+struct Timed {
+  double seconds = 0;
+  ExecStats stats;
+};
+
+Timed time_runs(Executor& e, const MergePlan& plan, const ExecOptions& options, int reps) {
+  std::vector<double> secs;
+  Timed out;
+  DiscardSink sink;
+  for (int i = 0; i < reps; ++i) {
+    const auto t0 = Clock::now();
+    out.stats = e.run(plan, sink, options);
+    secs.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
+  }
+  out.seconds = median(secs);
+  return out;
+}
+
+double fold_flops(const MergePlan& plan) {
+  double flops = 0;
+  for (const OutputTensor& t : plan.tensors)
+    if (t.lora) flops += 2.0 * static_cast<double>(t.shape.at(0)) * static_cast<double>(t.shape.at(1)) * static_cast<double>(t.lora->rank);
+  return flops;
+}
+
+void merge_table(Report& report, const std::string& title, const MergePlan& plan, const ExecOptions& options,
+                 Executor& gpu, int reps) {
+  auto cpu = make_cpu_executor();
+  const double flops = fold_flops(plan);
+  report.line("#");
+  report.line("# %s: %s read, %s written, %zu tensors%s; median of %d runs into a discarding sink", title.c_str(),
+              format_bytes(plan.bytes_read()).c_str(), format_bytes(plan.bytes_written()).c_str(), plan.tensors.size(),
+              flops > 0 ? ", LoRA folded" : "", reps);
+  // One run of each into memory first: warms the page cache, and gives the comparison.
+  MemorySink cpu_out(plan), gpu_out(plan);
+  cpu->run(plan, cpu_out, options);
+  gpu.run(plan, gpu_out, options);
+  const Agreement agree = compare(plan, cpu_out, gpu_out);
+  cpu_out.files.clear();
+  gpu_out.files.clear();
+  report.line("#%-44s %9s %9s %9s %14s", "executor", "seconds", "GB/s", "TFLOP/s", "vs CPU");
+  for (Executor* e : {cpu.get(), &gpu}) {
+    const Timed t = time_runs(*e, plan, options, reps);
+    const double gbps = static_cast<double>(t.stats.bytes_read + t.stats.bytes_written) / t.seconds / 1e9;
+    char versus[64] = "reference";
+    if (e == &gpu)
+      std::snprintf(versus, sizeof versus, agree.bytes_differ == 0 ? "identical" : "%llu B, %lld ulp",
+                    static_cast<unsigned long long>(agree.bytes_differ), static_cast<long long>(agree.max_ulp));
+    report.line(" %-44s %9.3f %9.2f %9.2f %14s", e->name().c_str(), t.seconds, gbps,
+                flops > 0 ? flops / t.seconds / 1e12 : 0.0, versus);
+  }
+}
+
+PlannedMerge synthetic_plan(const std::string& work, const std::string& model, int64_t world_size, int64_t lora_rank,
+                            Report& report) {
+  bench::SyntheticOptions o;
+  o.out_dir = work + "/" + model + "-w" + std::to_string(world_size) + (lora_rank ? "-lora" + std::to_string(lora_rank) : "");
+  o.model = model;
+  o.world_size = world_size;
+  o.lora_rank = lora_rank;
+  if (!std::filesystem::exists(o.out_dir)) {
+    const auto t0 = Clock::now();
+    const bench::SyntheticSummary s = bench::write_synthetic_fsdp(o);
+    report.line("# generated %s: %s of rank files in %.1f s", s.role_dir.c_str(), format_bytes(s.rank_file_bytes).c_str(),
+                std::chrono::duration<double>(Clock::now() - t0).count());
+  }
+  MergeRequest r;
+  r.local_dir = o.out_dir;
+  r.lora = LoraMode::Fold;
+  return plan_merge(r);
+}
+
+}  // namespace
+}  // namespace shardmerge
+
+int main(int argc, char** argv) {
+  using namespace shardmerge;
+  CLI::App app{"CUDA executor vs CPU executor on synthetic verl FSDP2 checkpoints, with the copy ceilings"};
+  std::string work = "/tmp/shardmerge-gpu-bench", model = "qwen2.5-0.5b", out, memory_limit = "8GiB",
+              gpu_memory = "auto";
+  int64_t world_size = 8, lora_rank = 64;
+  int reps = 3, copy_reps = 20;
+  unsigned threads = 0;
+  app.add_option("--work", work, "Directory for the synthetic checkpoints (kept for the next run)");
+  app.add_option("--model", model, "Model shape (shardmerge-gen --list)");
+  app.add_option("--world-size", world_size, "Rank files of the checkpoint");
+  app.add_option("--lora-rank", lora_rank, "LoRA rank of the fold benchmark (0: skip it)");
+  app.add_option("--reps", reps, "Timed runs per executor (the median is shown)");
+  app.add_option("--threads", threads, "Threads of both executors (default: one per core)");
+  app.add_option("--memory-limit", memory_limit, "--memory-limit of both executors");
+  app.add_option("--gpu-memory", gpu_memory, "--gpu-memory of the CUDA executor (auto: its default)");
+  app.add_option("--out", out, "Also write the table to this file");
+  CLI11_PARSE(app, argc, argv);
+  try {
+    Report report(out);
+    const CudaDevices present = probe_cuda_devices();
+    if (present.count == 0) throw Error("no CUDA device: " + present.unavailable);
+    auto gpu = make_cuda_executor({}, gpu_memory == "auto" ? 0 : parse_size(gpu_memory));
+    report.line("# shardmerge-gpu-bench: %s, %u host threads", gpu->name().c_str(), std::thread::hardware_concurrency());
+    copy_ceilings(report, copy_reps);
+    ExecOptions options;
+    options.threads = threads;
+    options.memory_limit = parse_size(memory_limit);
+    {
+      const PlannedMerge pm = synthetic_plan(work, model, world_size, 0, report);
+      merge_table(report, "merge " + model + " fp32 x" + std::to_string(world_size) + " -> bf16", pm.plan, options, *gpu,
+                  reps);
+    }
+    if (lora_rank > 0) {
+      const PlannedMerge pm = synthetic_plan(work, model, world_size, lora_rank, report);
+      merge_table(report, "merge + LoRA fold r=" + std::to_string(lora_rank) + " " + model, pm.plan, options, *gpu, reps);
+    }
+    report.line("# peak RSS %.0f MiB", static_cast<double>(peak_rss_bytes()) / (1 << 20));
+    return 0;
+  } catch (const Error& e) {
+    std::fprintf(stderr, "shardmerge-gpu-bench: error: %s\n", e.what());
+    return 1;
+  }
+}

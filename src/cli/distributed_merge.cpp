@@ -1,0 +1,139 @@
+// `shardmerge merge` launched as several processes (torchrun, mpirun): every process plans the
+// same merge, writes its share of the output files into one temp directory on a filesystem
+// they all see, and rank 0 renames the finished tree into place. Any process failing makes
+// every process stop at the next step, and rank 0 removes the temp directory.
+#include <chrono>
+#include <cstdio>
+#include <iostream>
+#include <nlohmann/json.hpp>
+
+#include "cli/merge_options.hpp"
+#include "exec/dist/partition.hpp"
+#include "exec/dist/process_group.hpp"
+#include "formats/hf_index.hpp"
+#include "verify/compare.hpp"
+#include "shardmerge/error.hpp"
+#include "util/rss.hpp"
+#include "util/units.hpp"
+#include "write/hf_tree_writer.hpp"
+
+namespace shardmerge::cli {
+namespace {
+
+// Runs `step`, then exchanges its result (or its error) with every process.
+template <typename Step>
+std::vector<std::string> together(dist::ProcessGroup& group, Step step) {
+  std::string out;
+  bool ok = true;
+  try {
+    out = step();
+  } catch (const std::exception& e) {
+    ok = false;
+    out = e.what();
+  }
+  return group.all_gather(out, ok);
+}
+
+}  // namespace
+
+int write_merge_distributed(dist::ProcessGroup& group, const std::function<PlannedMerge()>& make_plan,
+                            const ExecCliOptions& o, Executor& executor, const ExecOptions& exec) {
+  const auto start = std::chrono::steady_clock::now();
+  const bool root = group.rank() == 0;
+  PlannedMerge pm;
+  const auto digests = together(group, [&] {
+    pm = make_plan();
+    return std::to_string(dist::plan_digest(pm.plan));
+  });
+  for (int r = 1; r < group.size(); ++r)
+    if (digests[static_cast<size_t>(r)] != digests[0])
+      throw Error("process " + std::to_string(r) + " planned a different merge than rank 0 (do all processes see the same "
+                  "checkpoint files?)");
+  const MergePlan& plan = pm.plan;
+  const dist::RankShare share = dist::share_of(plan, dist::assign_files(plan, group.size()), group.rank());
+  if (root && !o.json) {
+    std::printf("shardmerge: %s\n  source: %s\n  %d processes share %zu output files\n", plan.layout.c_str(),
+                pm.role_dir.c_str(), group.size(), plan.files.size());
+    for (const auto& n : plan.notes) std::printf("  note: %s\n", n.c_str());
+    std::fflush(stdout);
+  }
+
+  HfTreeWriter writer(o.target, o.force, pm.role_dir);
+  for (const std::string& d : pm.other_source_dirs) writer.refuse_overlap(d);
+  const std::string temp = together(group, [&] {
+                             if (root) writer.create(plan, share.owned_files);
+                             return writer.temp_dir();
+                           }).at(0);
+  ExecStats stats;
+  const auto all_stats = together(group, [&] {
+    if (!root) writer.attach(temp, plan, share.owned_files);
+    stats = executor.run(share.plan, writer, exec);
+    writer.sync_files();
+    return nlohmann::json{{"read", stats.bytes_read}, {"written", stats.bytes_written}, {"rss", peak_rss_bytes()},
+                          {"folds", stats.lora_folds}}
+        .dump();
+  });
+  together(group, [&] {
+    if (root) writer.commit(plan);
+    return std::string();
+  });
+  // --verify: each process re-runs its share against the committed tree; tensors of other
+  // processes' files are not "unexpected" here.
+  uint64_t differing = 0;
+  if (o.verify) {
+    const auto reports = together(group, [&] {
+      HfWeights written = open_hf_weights(o.target);
+      CompareSink sink(share.plan, written, 0.0);
+      executor.run(share.plan, sink, exec);
+      TreeDiff d = sink.result();
+      d.unexpected.clear();
+      nlohmann::json lines = d.report(20);
+      return nlohmann::json{{"equal", d.equal()}, {"report", lines}}.dump();
+    });
+    for (const auto& r : reports) {
+      const auto j = nlohmann::json::parse(r);
+      if (j["equal"].get<bool>()) continue;
+      ++differing;
+      if (root)
+        for (const auto& l : j["report"]) std::fprintf(stderr, "  %s\n", l.get<std::string>().c_str());
+    }
+  }
+  if (differing) throw Error("verification failed: the written output differs from the source in " +
+                             std::to_string(differing) + " process(es)' files");
+  if (!root) return 0;
+
+  uint64_t read = 0, peak = 0, folds = 0;
+  for (const auto& s : all_stats) {
+    const auto j = nlohmann::json::parse(s);
+    read += j["read"].get<uint64_t>();
+    peak = std::max<uint64_t>(peak, j["rss"].get<uint64_t>());
+    folds += j["folds"].get<uint64_t>();
+  }
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  if (o.json) {
+    nlohmann::ordered_json j;
+    j["source"] = pm.role_dir;
+    j["target"] = o.target;
+    j["processes"] = group.size();
+    j["tensors"] = plan.tensors.size();
+    j["files"] = plan.files.size();
+    j["bytes_read"] = read;
+    j["bytes_written"] = plan.bytes_written();
+    j["seconds"] = secs;
+    j["peak_rss_bytes"] = peak;
+    j["lora_folds"] = folds;
+    j["notes"] = plan.notes;
+    if (o.verify) j["verified"] = true;
+    std::cout << j.dump(2) << "\n";
+  } else {
+    std::printf("shardmerge: %d processes merged %zu tensors into %s: read %s, wrote %s in %.2f s (%s), "
+                "largest peak RSS %.1f MiB\n",
+                group.size(), plan.tensors.size(), o.target.c_str(), format_bytes(read).c_str(),
+                format_bytes(plan.bytes_written()).c_str(), secs, format_rate(read + plan.bytes_written(), secs).c_str(),
+                static_cast<double>(peak) / (1 << 20));
+    if (o.verify) std::printf("shardmerge: verified: every output tensor equals the source bit for bit\n");
+  }
+  return 0;
+}
+
+}  // namespace shardmerge::cli

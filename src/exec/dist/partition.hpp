@@ -1,0 +1,27 @@
+// How a plan is shared among processes: whole output files, balanced by bytes, so that each
+// process writes its own files and no two write the same one.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "shardmerge/plan.hpp"
+
+namespace shardmerge::dist {
+
+// Owner rank of each output file: largest files first, each to the least-loaded rank.
+std::vector<int> assign_files(const MergePlan& plan, int world_size);
+
+// The plan restricted to the tensors of the files `rank` owns (same files and sources, so
+// offsets stay valid), and the matching ownership flags.
+struct RankShare {
+  MergePlan plan;
+  std::vector<bool> owned_files;
+};
+RankShare share_of(const MergePlan& plan, const std::vector<int>& owners, int rank);
+
+// A digest of everything that decides the output bytes, to check that every process planned
+// the same merge.
+uint64_t plan_digest(const MergePlan& plan);
+
+}  // namespace shardmerge::dist
