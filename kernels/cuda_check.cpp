@@ -1,5 +1,6 @@
 #include "kernels/cuda_check.hpp"
 
+#include "kernels/cublas_api.hpp"
 #include "shardmerge/error.hpp"
 
 namespace shardmerge::cuda {
@@ -20,8 +21,8 @@ void check(cudaError_t status, const std::string& what) {
 
 void check(cublasStatus_t status, const std::string& what) {
   if (status == CUBLAS_STATUS_SUCCESS) return;
-  throw Error("cuBLAS: " + what + current_device() + " failed: " + cublasGetStatusName(status) + " (" +
-              cublasGetStatusString(status) + ")");
+  throw Error("cuBLAS: " + what + current_device() + " failed: " + cublas().status_name(status) + " (" +
+              cublas().status_string(status) + ")");
 }
 
 void check_launch(const char* kernel) { check(cudaGetLastError(), std::string("launching kernel ") + kernel); }

@@ -5,6 +5,7 @@
 #include <string>
 
 #include "kernels/cast.cuh"
+#include "kernels/cublas_api.hpp"
 #include "kernels/cuda_check.hpp"
 #include "kernels/grid.cuh"
 #include "kernels/kernels.hpp"
@@ -44,11 +45,11 @@ void lora_accumulate(cublasHandle_t handle, const LoraProduct& p) {
   const float beta = 1.0f;
   if (!p.fan_in_fan_out) {
     // W^T [cols, rows] += scale * A^T [cols, rank] @ B_rows^T [rank, rows]
-    cuda::check(cublasSgemm(handle, CUBLAS_OP_N, CUBLAS_OP_N, m, n, k, &p.scale, p.resident, m, p.part, k, &beta, p.w, m),
+    cuda::check(cuda::cublas().sgemm(handle, CUBLAS_OP_N, CUBLAS_OP_N, m, n, k, &p.scale, p.resident, m, p.part, k, &beta, p.w, m),
                 "cublasSgemm (LoRA fold)");
   } else {
     // W^T [cols, rows] += scale * B [cols, rank] @ A_cols [rank, rows]
-    cuda::check(cublasSgemm(handle, CUBLAS_OP_T, CUBLAS_OP_T, m, n, k, &p.scale, p.resident, k, p.part, n, &beta, p.w, m),
+    cuda::check(cuda::cublas().sgemm(handle, CUBLAS_OP_T, CUBLAS_OP_T, m, n, k, &p.scale, p.resident, k, p.part, n, &beta, p.w, m),
                 "cublasSgemm (LoRA fold, fan_in_fan_out)");
   }
 }

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs what shardmerge needs on a fresh Debian/Ubuntu machine and builds it.
 #   scripts/setup.sh            build tools + C++ dependencies, then build (Release)
-#   WITH_PYTHON=1 scripts/setup.sh   also a venv (.venv) with torch/transformers/peft/verl
+#   WITH_PYTHON=1 scripts/setup.sh   also a venv (.venv) with torch/transformers/peft/verl/megatron-core
 #                                    for the fixture generator and the end-to-end tests
 # Environment: BUILD_DIR (default build), WERROR=1 (warnings are errors), CMAKE_ARGS.
 set -euo pipefail
@@ -28,6 +28,8 @@ if [ "$WITH_PYTHON" = 1 ]; then
   .venv/bin/pip install -q -r tests/fixtures/requirements.txt pytest
   .venv/bin/pip install -q --no-deps -r tests/fixtures/requirements-verl.txt ||
     echo "setup: verl could not be installed: tests against verl's merger will skip"
+  .venv/bin/pip install -q -r tests/fixtures/requirements-megatron.txt ||
+    echo "setup: megatron-core could not be installed: the Megatron fixtures and their tests will skip"
   cmake_args+=(-DSHARDMERGE_PYTHON="$PWD/.venv/bin/python")
 fi
 # shellcheck disable=SC2086

@@ -3,13 +3,16 @@
 #include <cstdio>
 #include <filesystem>
 #include <iostream>
+#include <set>
 
 #include "cli/commands.hpp"
+#include "formats/dcp.hpp"
 #include "formats/hf_index.hpp"
 #include "formats/safetensors.hpp"
 #include "formats/torch_pt.hpp"
 #include "layouts/fsdp.hpp"
 #include "layouts/layout.hpp"
+#include "layouts/megatron.hpp"
 #include "layouts/names.hpp"
 #include "plan/lora.hpp"
 #include "plan/peft_names.hpp"
@@ -87,7 +90,7 @@ void fsdp_report(const layouts::FsdpRole& role, bool with_tensors, json& j, std:
   else warnings.push_back("no huggingface/ directory: the merge will have weights but no config or tokenizer");
   if (role.lora_train_meta) j["lora_train_meta"] = *role.lora_train_meta;
   if (role.lora_adapter) j["lora_adapter"] = role.lora_adapter->path;
-  if (role.world_size <= 0 || role.rank_files.empty() || role.rank_files[0].empty()) return;
+  if (role.world_size <= 0 || present.empty()) return;
   try {
     SourceSet set = layouts::describe_fsdp(role);
     j["layout"] = set.description;
@@ -117,6 +120,44 @@ void fsdp_report(const layouts::FsdpRole& role, bool with_tensors, json& j, std:
   } catch (const Error& e) {
     warnings.push_back(std::string("cannot be merged as is: ") + e.what());
     j["mergeable"] = false;
+  }
+}
+
+// dist_ckpt contents from .metadata alone: model tensors with their global shapes and chunk
+// grids (distinct chunk offsets per dim), training state counted apart.
+void megatron_report(const layouts::MegatronRole& role, bool with_tensors, json& j, std::vector<std::string>& warnings) {
+  if (role.dist_ckpt.empty()) return;
+  try {
+    const DcpMetadata meta = read_dcp_metadata(role.dist_ckpt);
+    json list = json::array();
+    size_t model = 0, state = 0;
+    uint64_t bytes = 0;
+    for (const DcpTensor& t : meta.tensors) {
+      if (layouts::is_training_state(t.fqn)) {
+        ++state;
+        continue;
+      }
+      ++model;
+      uint64_t n = dtype_size(t.dtype);
+      for (int64_t d : t.size) n *= static_cast<uint64_t>(d);
+      bytes += n;
+      if (!with_tensors) continue;
+      std::string grid;
+      for (size_t d = 0; d < t.size.size(); ++d) {
+        std::set<int64_t> offsets;
+        for (const DcpChunk& c : t.chunks) offsets.insert(c.offsets.at(d));
+        grid += (grid.empty() ? "" : "x") + std::to_string(offsets.size());
+      }
+      list.push_back({{"name", t.fqn}, {"dtype", dtype_name(t.dtype)}, {"shape", t.size}, {"bytes", n},
+                      {"placement", std::to_string(t.chunks.size()) + " chunk(s), grid " + grid}});
+    }
+    j["dist_ckpt_tensors"] = model;
+    j["source_tensor_bytes"] = bytes;
+    if (state) j["dist_ckpt_training_state_tensors"] = state;
+    if (!meta.bytes_items.empty()) j["dist_ckpt_bytes_items"] = meta.bytes_items.size();
+    if (with_tensors) j["tensor_list"] = list;
+  } catch (const Error& e) {
+    warnings.push_back(std::string("cannot read the dist_ckpt: ") + e.what());
   }
 }
 
@@ -219,6 +260,10 @@ json report(const std::string& path, bool with_tensors, int& exit_code) {
       j["transformer_config"] = role.has_transformer_config;
       if (!role.mp_rank_dirs.empty()) j["mp_rank_dirs"] = role.mp_rank_dirs;
       if (role.huggingface) j["huggingface"] = hf_json(*role.huggingface);
+      megatron_report(role, with_tensors, j, warnings);
+      if (!role.huggingface || !role.huggingface->has_config)
+        warnings.push_back("no HF config.json in the checkpoint (verl's dist-only saves): merge with --hf_model_path "
+                           "BASE_MODEL_DIR");
       if (role.huggingface && role.huggingface->weights_complete)
         warnings.push_back("the HF weights are already complete in " + role.huggingface->path +
                            ": nothing needs merging (copy that directory)");

@@ -100,6 +100,7 @@ FsdpRole read_fsdp_role(const fs::path& dir, std::vector<std::string>& warnings)
     if (cfg->contains("FSDP_version") && (*cfg)["FSDP_version"].is_number_integer())
       role.fsdp_version = (*cfg)["FSDP_version"].get<int>();
   }
+  for (const auto& [w, _] : by_world) role.rank_file_world_sizes.push_back(w);
   if (role.world_size == 0) {
     if (by_world.size() == 1) {
       role.world_size = by_world.begin()->first;

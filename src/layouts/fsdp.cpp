@@ -76,9 +76,17 @@ std::vector<RankFileSummary> read_rank_files(const FsdpRole& role) {
 }
 
 SourceSet describe_fsdp(const FsdpRole& role) {
-  if (role.world_size <= 0) throw Error("cannot tell the world size: no fsdp_config.json and no rank files").file(role.path);
-  if (role.rank_files.at(0).empty())
-    throw Error("rank 0 file " + rank_file_name("model", role.world_size, 0) + " is missing").file(role.path);
+  if (role.world_size <= 0) {
+    std::string sizes;
+    for (int64_t w : role.rank_file_world_sizes) sizes += (sizes.empty() ? "" : ", ") + std::to_string(w);
+    if (role.rank_file_world_sizes.size() > 1)
+      throw Error("cannot tell the world size: rank files of world sizes " + sizes +
+                  " and no fsdp_config.json to choose; move the stale ones away").file(role.path);
+    throw Error("cannot tell the world size: no fsdp_config.json and no model_world_size_W_rank_R.pt files").file(role.path);
+  }
+  // Any present rank will do for names and order: with replicas (HSDP) rank 0 may be gone.
+  if (std::all_of(role.rank_files.begin(), role.rank_files.end(), [](const std::string& f) { return f.empty(); }))
+    throw Error("no " + rank_file_name("model", role.world_size, 0) + "-style rank file is present").file(role.path);
   const std::vector<RankFileSummary> files = read_rank_files(role);
 
   SourceSet set;

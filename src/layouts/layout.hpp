@@ -35,6 +35,7 @@ struct FsdpRole {
   std::string path;
   int64_t world_size = 0;
   std::string world_size_source;            // "fsdp_config.json" or "rank file names"
+  std::vector<int64_t> rank_file_world_sizes;  // every world size in the rank file names
   int fsdp_version = 0;                     // 0 when unknown
   std::vector<std::string> rank_files;      // index = rank; empty string where missing
   std::vector<int64_t> missing_ranks;

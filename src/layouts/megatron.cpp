@@ -16,17 +16,12 @@
 namespace fs = std::filesystem;
 
 namespace shardmerge::layouts {
-namespace {
 
-// Keys that hold training state, not weights: a migrated v2 model/dist_ckpt is a hard link of
-// the v1 tree and still has them.
 bool is_training_state(const std::string& fqn) {
   for (const char* prefix : {"optimizer.", "optimizer/", "lr_scheduler", "rng_state", "common_state", "opt_param_scheduler"})
     if (fqn.rfind(prefix, 0) == 0) return true;
   return false;
 }
-
-}  // namespace
 
 SourceSet describe_megatron_dist(const std::string& dir, const std::string& scratch_dir) {
   if (fs::is_regular_file(fs::path(dir) / "metadata.json")) {

@@ -21,6 +21,10 @@ namespace shardmerge::layouts {
 // decoded into `scratch_dir`.
 SourceSet describe_megatron_dist(const std::string& dist_ckpt_dir, const std::string& scratch_dir);
 
+// Keys that hold training state, not weights: a migrated v2 model/dist_ckpt is a hard link of
+// the v1 tree and still has them.
+bool is_training_state(const std::string& fqn);
+
 // `config` is the HF config.json (sizes for experts and heads).
 SourceSet describe_megatron_legacy(const MegatronRole& role, const nlohmann::ordered_json& config);
 

@@ -45,11 +45,21 @@ MergePlan finish_plan(const SourceSet& sources, const std::string& source_dir, M
   return build_plan(in, output);
 }
 
+// --hf_model_path: the config and tokenizer to use instead of the checkpoint's own.
+std::optional<layouts::HfTree> hf_model_path_tree(const MergeRequest& req, std::vector<std::string>& notes) {
+  if (req.hf_model_path.empty()) return std::nullopt;
+  layouts::HfTree tree = layouts::read_hf_tree(req.hf_model_path);
+  if (!tree.has_config) throw usage_error("--hf_model_path " + req.hf_model_path + " has no valid config.json");
+  notes.push_back("config.json and tokenizer files from --hf_model_path " + req.hf_model_path);
+  return tree;
+}
+
 PlannedMerge plan_fsdp(const MergeRequest& req, const layouts::FsdpRole& role, std::vector<std::string> notes) {
   PlannedMerge out;
   out.role_dir = role.path;
   out.sources = describe_fsdp(role);
-  const layouts::HfTree* hf = role.huggingface ? &*role.huggingface : nullptr;
+  const std::optional<layouts::HfTree> given = hf_model_path_tree(req, notes);
+  const layouts::HfTree* hf = given ? &*given : role.huggingface ? &*role.huggingface : nullptr;
 
   const PeftSplit split = split_peft_names(out.sources);
   const std::optional<LoraConfig> lora_config = split.lora.empty() ? std::nullopt : fsdp_lora_config(role);
@@ -60,7 +70,11 @@ PlannedMerge plan_fsdp(const MergeRequest& req, const layouts::FsdpRole& role, s
   groups_in.mode = req.lora;
   groups_in.config = lora_config;
   groups_in.alpha_override = req.lora_alpha;
-  groups_in.drop_tied_lm_head = req.tie_word_embedding || config_ties_embeddings(hf);
+  // FSDP rank files hold lm_head as trained: only a config that ties it makes it an alias.
+  groups_in.drop_tied_lm_head = config_ties_embeddings(hf);
+  if (req.tie_word_embedding && !groups_in.drop_tied_lm_head)
+    notes.push_back("--tie-word-embedding is ignored for FSDP (as verl's merger does): config.json does not tie the "
+                    "embeddings, so a saved lm_head.weight is a trained matrix of its own and is kept");
   if (req.is_value_model) notes.push_back("--is-value-model only changes Megatron merges; FSDP value heads are written as saved");
   out.plan = finish_plan(out.sources, role.path, make_model_groups(groups_in), hf, std::move(notes), req.output);
   return out;
@@ -84,9 +98,12 @@ PlannedMerge plan_megatron(const MergeRequest& req, const layouts::MegatronRole&
     out.plan = finish_plan(out.sources, role.path, std::move(groups), hf, std::move(notes), req.output);
     return out;
   }
+  const std::optional<layouts::HfTree> given = hf_model_path_tree(req, notes);
+  if (given) hf = &*given;
   if (!hf || !hf->has_config)
     throw Error("no HuggingFace config.json beside the Megatron checkpoint (looked in huggingface/, model/huggingface/, "
-                "hf_config_and_tokenizer/); it is needed to name and split the tensors")
+                "hf_config_and_tokenizer/; verl's dist-only saves have none): pass the base model's directory as "
+                "--hf_model_path")
         .file(role.path);
   SourceSet megatron;
   if (!role.dist_ckpt.empty()) {
@@ -130,6 +147,7 @@ ScratchDir::~ScratchDir() {
 PlannedMerge plan_fold_lora(const FoldLoraRequest& req) {
   PlannedMerge out;
   out.role_dir = req.adapter_dir;
+  out.other_source_dirs = {req.base_dir};
   out.sources = layouts::describe_hf_weights(req.base_dir);
   const size_t base_count = out.sources.tensors.size();
   layouts::AdapterSources adapter = layouts::describe_adapter(req.adapter_dir);

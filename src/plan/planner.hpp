@@ -22,6 +22,7 @@ struct MergeRequest {
   std::optional<double> lora_alpha;
   bool tie_word_embedding = false;  // verl's flag: drop lm_head even if config.json does not say tied
   bool is_value_model = false;
+  std::string hf_model_path;  // config/tokenizer source replacing the checkpoint's huggingface/
 };
 
 // A directory that lives as long as the plan needs it (decoded compressed items).
@@ -43,6 +44,7 @@ struct PlannedMerge {
   std::vector<std::string> lora_summary;  // for inspect
   SourceSet sources;                      // what the plan's slices point into
   std::shared_ptr<ScratchDir> scratch;    // must outlive the plan's execution
+  std::vector<std::string> other_source_dirs;  // besides role_dir: never written into (fold-lora's base)
 };
 
 PlannedMerge plan_merge(const MergeRequest& request);

@@ -51,7 +51,8 @@ TensorDiff compare_elements(const uint8_t* a, const uint8_t* b, DType dtype, siz
     const double u = as_double(x, dtype), v = as_double(y, dtype);
     if (std::isnan(u) && std::isnan(v)) continue;
     const double err = std::fabs(u - v);
-    if (std::isnan(err) || err > atol) ++d.mismatched;
+    // Bitwise means bitwise: +0 and -0 differ (only NaN payloads are forgiven).
+    if (std::isnan(err) || err > atol || atol == 0) ++d.mismatched;
     if (!std::isnan(err)) d.max_abs_error = std::max(d.max_abs_error, err);
     else d.max_abs_error = INFINITY;
   }

@@ -55,7 +55,7 @@ class CudaExecutor : public Executor {
       check(cudaFree(nullptr), "creating the CUDA context");
       if (folds) {
         cublasHandle_t h = nullptr;
-        check(cublasCreate(&h), "cublasCreate");
+        check(cuda::cublas().create(&h), "cublasCreate");
         blas[i] = cuda::Cublas(h);
       }
       size_t available = 0, total = 0;

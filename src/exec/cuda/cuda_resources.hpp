@@ -10,6 +10,7 @@
 #include <string>
 #include <utility>
 
+#include "kernels/cublas_api.hpp"
 #include "kernels/cuda_check.hpp"
 
 namespace shardmerge::cuda {
@@ -46,7 +47,7 @@ struct DestroyEvent {
   void operator()(cudaEvent_t e) const { cudaEventDestroy(e); }
 };
 struct DestroyCublas {
-  void operator()(cublasHandle_t h) const { cublasDestroy(h); }
+  void operator()(cublasHandle_t h) const { cublas().destroy(h); }
 };
 
 class DeviceMemory {

@@ -70,10 +70,10 @@ DeviceRunner::DeviceRunner(int device, cublasHandle_t blas, const Staging& stagi
     part_ = DeviceMemory(staging.chunk);
     resident_ = DeviceMemory(staging.resident);
     workspace_ = DeviceMemory(Staging::kBlasWorkspace);
-    check(cublasSetStream(blas_, compute_.get()), "cublasSetStream");
-    check(cublasSetWorkspace(blas_, workspace_.data(), workspace_.size()), "cublasSetWorkspace");
+    check(cublas().set_stream(blas_, compute_.get()), "cublasSetStream");
+    check(cublas().set_workspace(blas_, workspace_.data(), workspace_.size()), "cublasSetWorkspace");
     // Plain fp32 (no TF32): the fold must stay within an output ulp of the CPU's sgemm.
-    check(cublasSetMathMode(blas_, CUBLAS_DEFAULT_MATH), "cublasSetMathMode");
+    check(cublas().set_math_mode(blas_, CUBLAS_DEFAULT_MATH), "cublasSetMathMode");
   }
 }
 

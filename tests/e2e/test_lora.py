@@ -1,0 +1,275 @@
+"""LoRA: folding FSDP LoRA checkpoints (vs PEFT's merge_and_unload and a hand fold), the PEFT
+adapter export, drop/both, missing alpha, and `shardmerge fold-lora` on PEFT adapters."""
+import json
+import shutil
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("safetensors")
+
+from e2e_util import (assert_tensors_bitwise, bits_equal, error_lines, expected_base, leftovers,  # noqa: E402
+                      load_hf, load_st, max_abs, ulp_distance, verl_name)
+
+
+def train_meta(fixtures, fx):
+    return json.loads((fixtures / fx["role_dir"] / "lora_train_meta.json").read_text())
+
+
+def hand_fold(fixtures, fx):
+    """W + (alpha/r)·(B@A) in fp32, cast once to bf16, for every LoRA module; other tensors cast."""
+    raw = load_st(fixtures / fx["expected"])
+    meta = train_meta(fixtures, fx)
+    scale = meta["lora_alpha"] / meta["r"]
+    assert scale == pytest.approx(fx["lora"]["scaling"])
+    out = expected_base(fixtures, fx, "fp32")
+    n = 0
+    for k in raw:
+        if ".lora_A." not in k:
+            continue
+        mod = k.split(".lora_A.")[0]
+        a, b = raw[k].float(), raw[k.replace(".lora_A.", ".lora_B.")].float()
+        w = verl_name(mod + ".base_layer.weight")
+        out[w] = out[w] + scale * (b @ a)
+        n += 1
+    assert n > 0
+    return {k: (v.to(torch.bfloat16) if v.is_floating_point() else v) for k, v in out.items()}, n
+
+
+def peft_model(fixtures, fx, state_dict):
+    """The fixture's PEFT model (base config + LoraConfig from the manifest) in fp32, with the
+    given state dict (PEFT names, as in expected.safetensors)."""
+    transformers = pytest.importorskip("transformers")
+    peft = pytest.importorskip("peft")
+    cfg = transformers.AutoConfig.from_pretrained(str(fixtures / fx["role_dir"] / "huggingface"))
+    torch.manual_seed(0)
+    base = transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
+    lcfg = peft.LoraConfig(r=fx["lora"]["r"], lora_alpha=fx["lora"]["lora_alpha"],
+                           target_modules=fx["lora"]["target_modules"], lora_dropout=0.0, bias="none",
+                           task_type="CAUSAL_LM")
+    model = peft.get_peft_model(base, lcfg)
+    missing, unexpected = model.load_state_dict(state_dict, strict=False)
+    assert not unexpected, unexpected
+    assert set(missing) <= {"base_model.model.lm_head.weight"}, missing
+    return model.eval()
+
+
+def peft_fold(fixtures, fx):
+    """PEFT's own merge_and_unload of the fixture's PEFT model (fp32), cast to bf16."""
+    model = peft_model(fixtures, fx, load_st(fixtures / fx["expected"]))
+    merged = model.merge_and_unload().state_dict()
+    exp_names = set(expected_base(fixtures, fx, "bf16"))
+    return {k: v.to(torch.bfloat16) for k, v in merged.items() if k in exp_names}
+
+
+def assert_within_ulp(got, ref, max_ulp, what):
+    missing, extra = sorted(set(ref) - set(got)), sorted(set(got) - set(ref))
+    assert not missing and not extra, f"{what}: missing {missing}, unexpected {extra}"
+    worst = max(((ulp_distance(got[k], ref[k]), max_abs(got[k], ref[k]), k) for k in ref), default=(0, 0.0, ""))
+    assert worst[0] <= max_ulp, f"{what}: {worst[2]} is {worst[0]} ulp off (max abs error {worst[1]:g})"
+    return worst
+
+
+# ---------------------------------------------------------------------------------------------
+# FSDP LoRA checkpoints
+
+
+def test_fold_matches_hand_fold_and_peft(lora_fx, fixtures, merged):
+    out = merged(lora_fx, "--lora", "fold")
+    got = load_hf(out)
+    assert not [k for k in got if "lora_" in k or "base_layer" in k], sorted(got)
+    assert not (out / "lora_adapter").exists(), "--lora fold wrote an adapter"
+    ref, n = hand_fold(fixtures, lora_fx)
+    assert_within_ulp(got, ref, 1, f"{lora_fx['name']} fold vs W + s·B@A (fp32, then bf16)")
+    assert_within_ulp(got, peft_fold(fixtures, lora_fx), 1, f"{lora_fx['name']} fold vs PEFT merge_and_unload")
+    # tensors that are not LoRA targets are plain bf16 casts, bit for bit
+    base = expected_base(fixtures, lora_fx, "bf16")
+    raw = load_st(fixtures / lora_fx["expected"])
+    targets = {verl_name(k.split(".lora_A.")[0] + ".base_layer.weight") for k in raw if ".lora_A." in k}
+    assert len(targets) == n
+    for k in base:
+        if k not in targets:
+            assert bits_equal(got[k], base[k]), f"{k}: untargeted tensor changed by the fold"
+
+
+def test_adapter_export_loads_with_peft(lora_fx, fixtures, merged):
+    transformers = pytest.importorskip("transformers")
+    peft = pytest.importorskip("peft")
+    out = merged(lora_fx, "--lora", "adapter")
+    adir = out / "lora_adapter"
+    assert (adir / "adapter_config.json").exists() and (adir / "adapter_model.safetensors").exists()
+    acfg = json.loads((adir / "adapter_config.json").read_text())
+    assert acfg["peft_type"] == "LORA"
+    assert acfg["r"] == lora_fx["lora"]["r"] and float(acfg["lora_alpha"]) == float(lora_fx["lora"]["lora_alpha"])
+    # the adapter tensors are the checkpoint's A/B under PEFT's saved names, bf16
+    raw = load_st(fixtures / lora_fx["expected"])
+    want = {k.replace(".default.weight", ".weight"): v.to(torch.bfloat16) for k, v in raw.items() if "lora_" in k}
+    assert_tensors_bitwise(load_st(adir / "adapter_model.safetensors"), want, "adapter_model.safetensors")
+    # base weights are not folded in adapter mode
+    assert_tensors_bitwise(load_hf(out), expected_base(fixtures, lora_fx, "bf16"), "--lora adapter base")
+
+    base_model = transformers.AutoModelForCausalLM.from_pretrained(str(out), dtype=torch.float32)
+    model = peft.PeftModel.from_pretrained(base_model, str(adir)).eval()
+    sd = model.state_dict()
+    for k, v in want.items():
+        pk = k.replace(".lora_A.weight", ".lora_A.default.weight").replace(".lora_B.weight", ".lora_B.default.weight")
+        assert pk in sd, f"PEFT model lacks {pk}"
+        assert torch.equal(sd[pk], v.float()), f"{pk}: adapter weight not loaded"
+    ids = torch.tensor([[2, 17, 45, 100, 200, 250, 3, 1, 0, 77]])
+    folded = transformers.AutoModelForCausalLM.from_pretrained(str(merged(lora_fx, "--lora", "fold")),
+                                                               dtype=torch.float32).eval()
+    base_only = transformers.AutoModelForCausalLM.from_pretrained(str(merged(lora_fx, "--lora", "drop")),
+                                                                  dtype=torch.float32).eval()
+    # the PEFT model of the checkpoint with every weight rounded to bf16 once (what the export holds)
+    ref16 = peft_model(fixtures, lora_fx, {k: v.to(torch.bfloat16).float() for k, v in raw.items()})
+    with torch.no_grad():
+        a, b, c, r = (m(input_ids=ids).logits for m in (model, folded, base_only, ref16))
+    assert torch.allclose(a, r, rtol=1e-5, atol=1e-5), \
+        f"PEFT(merged base + lora_adapter) vs PEFT(checkpoint in bf16): max abs {(a - r).abs().max().item():g}"
+    # folding rounds W + s·B@A once to bf16; the adapter path rounds W, A and B separately: they agree
+    # to bf16 precision (a few % of the logit scale on this tiny model), far closer than without LoRA
+    diff, lora_effect = (a - b).abs().max().item(), (c - b).abs().max().item()
+    scale = b.abs().max().item()
+    assert torch.allclose(a, b, rtol=0, atol=0.03 * scale), \
+        f"PEFT(base + adapter) vs folded: max abs logit diff {diff:g} (logit scale {scale:g})"
+    assert diff < 0.25 * lora_effect, f"fold/adapter diff {diff:g} not small against the LoRA effect {lora_effect:g}"
+
+
+def test_adapter_is_not_a_no_op(lora_fx, fixtures, merged):
+    """The folded model must differ from the base model (LoRA B is non-zero in the fixtures)."""
+    fold = load_hf(merged(lora_fx, "--lora", "fold"))
+    base = load_hf(merged(lora_fx, "--lora", "drop"))
+    changed = [k for k in fold if not bits_equal(fold[k], base[k])]
+    assert changed, "--lora fold output equals the base weights"
+
+
+def test_drop_and_both(lora_fx, fixtures, merged):
+    drop = merged(lora_fx, "--lora", "drop")
+    assert not (drop / "lora_adapter").exists(), "--lora drop wrote an adapter"
+    assert_tensors_bitwise(load_hf(drop), expected_base(fixtures, lora_fx, "bf16"), "--lora drop")
+    both = merged(lora_fx, "--lora", "both")
+    fold, adapter = merged(lora_fx, "--lora", "fold"), merged(lora_fx, "--lora", "adapter")
+    assert_tensors_bitwise(load_hf(both), load_hf(fold), "--lora both model vs --lora fold")
+    assert_tensors_bitwise(load_st(both / "lora_adapter" / "adapter_model.safetensors"),
+                           load_st(adapter / "lora_adapter" / "adapter_model.safetensors"),
+                           "--lora both adapter vs --lora adapter")
+    assert json.loads((both / "lora_adapter" / "adapter_config.json").read_text()) == \
+        json.loads((adapter / "lora_adapter" / "adapter_config.json").read_text())
+    default = merged(lora_fx)  # README: --lora both is the default
+    assert_tensors_bitwise(load_hf(default), load_hf(both), "default --lora vs --lora both")
+    assert (default / "lora_adapter" / "adapter_model.safetensors").exists()
+
+
+def _fixture(manifest, name):
+    fx = next((f for f in manifest["fixtures"] if f["name"] == name), None)
+    if fx is None:
+        pytest.skip(f"{name} not in the manifest")
+    return fx
+
+
+@pytest.mark.parametrize("meta_alpha", [0, None], ids=["alpha0", "alpha_missing"])
+@pytest.mark.parametrize("mode", ["fold", "both", "adapter"])
+def test_missing_alpha(meta_alpha, mode, manifest, fixtures, run, merged, tmp_path):
+    fx = _fixture(manifest, "qwen2_lora_fsdp2_w4")  # no lora_adapter/: lora_train_meta.json is the only alpha
+    role = tmp_path / "actor"
+    shutil.copytree(fixtures / fx["role_dir"], role)
+    assert not (role / "lora_adapter").exists()
+    meta = json.loads((role / "lora_train_meta.json").read_text())
+    if meta_alpha is None:
+        del meta["lora_alpha"]
+    else:
+        meta["lora_alpha"] = meta_alpha
+    (role / "lora_train_meta.json").write_text(json.dumps(meta))
+    out = tmp_path / "out"
+    proc = run("merge", "--backend", "fsdp", "--local_dir", role, "--target_dir", out, "--lora", mode, check=False)
+    assert proc.returncode == 1, f"alpha {meta_alpha}: exit {proc.returncode}\n{proc.stdout}{proc.stderr}"
+    lines = error_lines(proc.stderr)
+    assert len(lines) == 1 and lines[0].startswith("shardmerge: error:"), proc.stderr
+    assert "--lora-alpha" in lines[0] and "lora_train_meta.json" in lines[0], lines[0]
+    assert leftovers(out) == [], f"left behind: {leftovers(out)}"
+    ok = run("merge", "--backend", "fsdp", "--local_dir", role, "--target_dir", out, "--lora", mode,
+             "--lora-alpha", "16", check=False)
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+    ref = merged(fx, "--lora", mode)
+    assert_tensors_bitwise(load_hf(out), load_hf(ref), f"--lora-alpha 16 vs the fixture's own alpha (16), {mode}")
+    if mode != "fold":
+        acfg = json.loads((out / "lora_adapter" / "adapter_config.json").read_text())
+        assert float(acfg["lora_alpha"]) == 16.0, acfg["lora_alpha"]
+
+
+def test_drop_needs_no_alpha(manifest, fixtures, run, tmp_path):
+    fx = _fixture(manifest, "qwen2_lora_fsdp2_w4")
+    role = tmp_path / "actor"
+    shutil.copytree(fixtures / fx["role_dir"], role)
+    (role / "lora_train_meta.json").write_text(json.dumps({"r": 8, "lora_alpha": 0, "task_type": "CAUSAL_LM"}))
+    run("merge", "--local_dir", role, "--target_dir", tmp_path / "out", "--lora", "drop")
+    assert_tensors_bitwise(load_hf(tmp_path / "out"), expected_base(fixtures, fx, "bf16"), "--lora drop, alpha 0")
+
+
+# ---------------------------------------------------------------------------------------------
+# shardmerge fold-lora on PEFT adapters
+
+
+def operand_magnitude(fixtures, fx):
+    """Per changed base weight: |W| + s·(|B|@|A|) (transposed for embeddings and fan_in_fan_out),
+    the scale of the fold's rounding error; an fp32 'ulp' of the fold is an ulp of this."""
+    base = load_hf(fixtures / fx["base_dir"])
+    adir = fixtures / fx["adapter_dir"]
+    ad = load_st(adir / "adapter_model.safetensors")
+    s = fx["lora"]["scaling"]
+    mags = {}
+    for k in ad:
+        if k.endswith(".lora_A.weight"):
+            mod, a, b, t = k[:-len(".lora_A.weight")], ad[k], ad[k.replace(".lora_A.", ".lora_B.")], fx["lora"]["fan_in_fan_out"]
+        elif k.endswith(".lora_embedding_A"):
+            mod, a, b, t = k[:-len(".lora_embedding_A")], ad[k], ad[k[:-1] + "B"], True
+        else:
+            continue
+        name = verl_name(mod + ".weight")
+        d = s * (b.double().abs() @ a.double().abs())
+        mags[name] = base[name].double().abs() + (d.T if t else d)
+    return mags
+
+
+def fp32_ulp(x):
+    _, e = torch.frexp(x.clamp(min=2.0 ** -126).float())
+    return torch.ldexp(torch.ones_like(x, dtype=torch.float64), (e - 24).to(torch.int64))
+
+
+# bf16: within 1 ulp (PEFT and shardmerge may land on either side of a rounding boundary).
+# fp32: within 8 ulps of |W| + s·|B|·|A| (observed <= 3; summation order differs between BLAS kernels).
+@pytest.mark.parametrize("dtype,ref_key,max_ulp", [("bf16", "merged_ref_bf16", 1), ("fp32", "merged_ref_fp32", 8)])
+def test_fold_lora_matches_peft(peft_fx, dtype, ref_key, max_ulp, fixtures, run, tmp_path):
+    out = tmp_path / "out"
+    proc = run("fold-lora", "--base", fixtures / peft_fx["base_dir"], "--adapter", fixtures / peft_fx["adapter_dir"],
+               "--dtype", dtype, "--target_dir", out, "--json")
+    summary = json.loads(proc.stdout)
+    changed = peft_fx["lora"]["changed_base_keys"]
+    assert summary["lora_folds"] == len(changed), summary
+    got, ref = load_hf(out), load_st(fixtures / peft_fx[ref_key])
+    assert sorted(got) == sorted(ref), f"keys: missing {sorted(set(ref) - set(got))}, extra {sorted(set(got) - set(ref))}"
+    assert not [k for k in got if "lora_" in k or "base_layer" in k]
+    assert {t.dtype for t in got.values()} == {ref[k].dtype for k in ref}
+    base = load_hf(fixtures / peft_fx["base_dir"])
+    for k in ref:
+        if k not in changed:
+            assert bits_equal(got[k], ref[k]), f"{k}: not adapted, yet differs from PEFT's"
+    if dtype == "bf16":
+        # bf16: one rounding of the fp32 fold; PEFT and shardmerge may round a tie differently
+        assert_within_ulp(got, ref, max_ulp, f"fold-lora {peft_fx['name']} --dtype bf16 vs PEFT")
+    else:
+        # fp32: W + s·B@A can cancel, so measure the error in ulps of the operands' magnitude
+        mags = operand_magnitude(fixtures, peft_fx)
+        assert sorted(mags) == sorted(changed)
+        worst = (0.0, 0.0, "")
+        for k in changed:
+            err = (got[k].double() - ref[k].double()).abs()
+            units = (err / fp32_ulp(mags[k])).max().item()
+            worst = max(worst, (units, err.max().item(), k))
+        assert worst[0] <= max_ulp, \
+            f"fold-lora {peft_fx['name']} --dtype fp32 vs PEFT: {worst[2]} off by {worst[0]:g} operand ulps " \
+            f"(max abs error {worst[1]:g})"
+    for k in changed:
+        assert not torch.equal(got[k].float(), base[k].to(got[k].dtype).float()), f"{k}: adapter not folded"
+    cfg = json.loads((out / "config.json").read_text())
+    assert cfg["dtype"] == {"bf16": "bfloat16", "fp32": "float32"}[dtype]

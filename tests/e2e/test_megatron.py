@@ -1,0 +1,135 @@
+"""Megatron checkpoints written by real megatron-core (dist_checkpointing.save, torch_dist, CPU +
+gloo; TP/PP/VPP/EP; v1 dist_ckpt, v2 manifest, zstd items, legacy mp_rank files) merge to the HF
+weights each fixture was converted from, bit for bit, and load in transformers."""
+import json
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("safetensors")
+
+from e2e_util import assert_tensors_bitwise, error_lines, hf_tensor_names, leftovers, load_hf, load_st  # noqa: E402
+
+
+def merge_args(fixtures, fx):
+    """--hf_model_path where the save has no HF config (verl's dist-only saves)."""
+    args = ["--backend", "megatron"]
+    if not fx.get("hf_config_dir"):
+        args += ["--hf_model_path", fixtures / fx["hf_config_dir_fallback"]]
+    if fx.get("value_model"):
+        args += ["--is-value-model"]
+    return args
+
+
+def expected_weights(fixtures, fx):
+    """The HF weights the fixture was converted from; a value model's [1, H] head is written as
+    score.weight (the issue's rule; mbridge calls it lm_head.weight)."""
+    exp = load_st(fixtures / fx["expected"] / "model.safetensors")
+    if fx.get("value_model") and "lm_head.weight" in exp:
+        exp["score.weight"] = exp.pop("lm_head.weight")
+    return exp
+
+
+@pytest.fixture(scope="module")
+def merged_megatron(run, fixtures, tmp_path_factory):
+    cache = {}
+    root = tmp_path_factory.mktemp("megatron")
+
+    def _merged(fx, *options):
+        key = (fx["name"], tuple(map(str, options)))
+        if key not in cache:
+            out = root / f"m{len(cache):03d}"
+            run("merge", "--local_dir", fixtures / fx["role_dir"], "--target_dir", out,
+                *merge_args(fixtures, fx), *options)
+            cache[key] = out
+        return cache[key]
+
+    return _merged
+
+
+def test_merge_equals_the_hf_weights_it_came_from(megatron_fx, fixtures, merged_megatron):
+    out = merged_megatron(megatron_fx, "--dtype", "keep")
+    assert_tensors_bitwise(load_hf(out), expected_weights(fixtures, megatron_fx), megatron_fx["name"])
+
+
+def test_default_dtype_is_bf16_rounded_like_torch(megatron_fx, fixtures, merged_megatron):
+    out = load_hf(merged_megatron(megatron_fx))
+    exp = {k: v.to(torch.bfloat16) if v.is_floating_point() else v
+           for k, v in expected_weights(fixtures, megatron_fx).items()}
+    assert_tensors_bitwise(out, exp, megatron_fx["name"] + " (bf16)")
+
+
+def test_sharded_index_counts_bytes(megatron_fx, merged_megatron):
+    out = merged_megatron(megatron_fx, "--max-shard-size", "40KB")
+    index = json.loads((out / "model.safetensors.index.json").read_text())
+    tensors = load_hf(out)
+    assert index["metadata"]["total_size"] == sum(t.numel() * t.element_size() for t in tensors.values())
+    assert set(index["weight_map"]) == set(tensors)
+    assert len(set(index["weight_map"].values())) > 1, "expected several shards at 40KB"
+
+
+def test_config_and_tokenizer_written(megatron_fx, merged_megatron):
+    out = merged_megatron(megatron_fx)
+    cfg = json.loads((out / "config.json").read_text())
+    assert cfg["architectures"] == [megatron_fx["architecture"]] or megatron_fx.get("value_model")
+    assert cfg.get("dtype", cfg.get("torch_dtype")) == "bfloat16"
+
+
+@pytest.mark.parametrize("name", ["qwen2_megatron_tp2_pp2", "llama_megatron_tp2", "qwen3moe_megatron_ep2",
+                                  "qwen2_megatron_tp2_pp2_legacy"])
+def test_loads_in_transformers_without_missing_keys(name, manifest, fixtures, merged_megatron):
+    transformers = pytest.importorskip("transformers")
+    fx = next((f for f in manifest["fixtures"] if f["name"] == name and f.get("status") == "ok"), None)
+    if fx is None:
+        pytest.skip(f"{name} not in the manifest")
+    out = merged_megatron(fx)
+    model, info = transformers.AutoModelForCausalLM.from_pretrained(str(out), output_loading_info=True)
+    for key in ("missing_keys", "unexpected_keys", "mismatched_keys"):
+        assert not info[key], f"{name}: {key} {info[key]}"
+    with torch.no_grad():
+        logits = model(torch.tensor([[1, 5, 9, 200]])).logits
+    assert torch.isfinite(logits).all()
+
+
+def test_dist_only_save_without_config_says_how_to_fix(manifest, fixtures, run, tmp_path):
+    fx = next((f for f in manifest["fixtures"] if f["kind"] == "megatron" and f.get("status") == "ok"
+               and not f.get("hf_config_dir")), None)
+    if fx is None:
+        pytest.skip("no dist-only Megatron fixture")
+    target = tmp_path / "out"
+    proc = run("merge", "--backend", "megatron", "--local_dir", fixtures / fx["role_dir"], "--target_dir", target,
+               check=False)
+    assert proc.returncode != 0
+    lines = error_lines(proc.stderr)
+    assert len(lines) == 1 and "--hf_model_path" in lines[0], proc.stderr
+    assert not target.exists() and leftovers(target) == []
+
+
+def test_inspect_lists_dist_ckpt_tensors(manifest, fixtures, run):
+    fx = next((f for f in manifest["fixtures"] if f["name"] == "qwen2_megatron_tp2_pp2"), None)
+    if fx is None:
+        pytest.skip("qwen2_megatron_tp2_pp2 not in the manifest")
+    proc = run("inspect", fixtures / fx["role_dir"], "--json", "--tensors")
+    report = json.loads(proc.stdout)
+    text = json.dumps(report)
+    for key, meta in fx["dcp"]["model/dist_ckpt"]["keys"].items():
+        if "shape" in meta:
+            assert key in text, f"inspect does not list {key}"
+    assert "optimizer" not in {k.split(".")[0] for k in fx["dcp"]["model/dist_ckpt"]["keys"]}
+
+
+def test_verify_against_expected(megatron_fx, fixtures, run):
+    if megatron_fx.get("value_model"):
+        pytest.skip("the expected tree names the value head lm_head.weight (mbridge), we write score.weight")
+    args = merge_args(fixtures, megatron_fx)
+    proc = run("verify", "--local_dir", fixtures / megatron_fx["role_dir"], "--test_hf_dir",
+               fixtures / megatron_fx["expected"], "--dtype", "keep", *args, check=False)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_value_model_head(manifest, fixtures, merged_megatron):
+    fx = next((f for f in manifest["fixtures"] if f["kind"] == "megatron" and f.get("value_model")), None)
+    if fx is None:
+        pytest.skip("no Megatron critic fixture")
+    names = set(hf_tensor_names(merged_megatron(fx)))
+    assert "score.weight" in names and "lm_head.weight" not in names

@@ -1,0 +1,70 @@
+"""Multi-process merges on one machine (the CPU-only form of a multi-node run): torchrun-style
+environment variables, a shared filesystem, output files split among the processes, one index,
+and the same bytes as a single-process merge."""
+import os
+import socket
+import subprocess
+from pathlib import Path
+
+import pytest
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def launch(shardmerge_bin, world, args_for_rank):
+    """Starts `world` processes as torchrun would; returns their CompletedProcess-like results."""
+    port = free_port()
+    procs = []
+    for rank in range(world):
+        env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank),
+                   MASTER_ADDR="127.0.0.1", SHARDMERGE_PORT=str(port))
+        procs.append(subprocess.Popen([shardmerge_bin, *map(str, args_for_rank(rank))], env=env,
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    out = []
+    for p in procs:
+        stdout, stderr = p.communicate(timeout=300)
+        out.append((p.returncode, stdout, stderr))
+    return out
+
+
+def role_of(fixtures, manifest, name):
+    entry = next(f for f in manifest["fixtures"] if f["name"] == name)
+    return fixtures / entry["role_dir"]
+
+
+@pytest.mark.parametrize("world", [2, 3, 4])
+def test_processes_split_the_files_and_match_one_process(shardmerge_bin, fixtures, manifest, run, tmp_path, world):
+    role = role_of(fixtures, manifest, "qwen2_fsdp2_w4")
+    single = tmp_path / "single"
+    run("merge", "--local_dir", role, "--target_dir", single, "--max-shard-size", "12KB")
+    multi = tmp_path / "multi"
+    results = launch(shardmerge_bin, world,
+                     lambda r: ["merge", "--local_dir", role, "--target_dir", multi, "--max-shard-size", "12KB"])
+    for rank, (code, stdout, stderr) in enumerate(results):
+        assert code == 0, f"rank {rank} exited {code}\n{stdout}\n{stderr}"
+    assert f"{world} processes" in results[0][1]
+    shards = sorted(p.name for p in multi.glob("model-*.safetensors"))
+    assert len(shards) >= world, "the test needs at least one output file per process"
+    assert shards == sorted(p.name for p in single.glob("model-*.safetensors"))
+    for name in shards + ["model.safetensors.index.json", "config.json"]:
+        assert (multi / name).read_bytes() == (single / name).read_bytes(), name
+    assert not list(tmp_path.glob("multi.tmp-*"))
+
+
+def test_a_failing_process_stops_all_and_leaves_nothing(shardmerge_bin, fixtures, manifest, tmp_path):
+    role = role_of(fixtures, manifest, "qwen2_fsdp2_w4")
+    other = role_of(fixtures, manifest, "llama_fsdp2_w4")
+    target = tmp_path / "out"
+    # Rank 1 points at another checkpoint: the plans differ, so every process must refuse.
+    results = launch(shardmerge_bin, 2, lambda r: ["merge", "--local_dir", role if r == 0 else other,
+                                                   "--target_dir", target, "--max-shard-size", "12KB"])
+    for rank, (code, _, stderr) in enumerate(results):
+        assert code == 1, f"rank {rank} exited {code}: {stderr}"
+        assert stderr.startswith("shardmerge: error:"), stderr
+    assert "planned a different merge" in results[0][2] + results[1][2]
+    assert not target.exists()
+    assert not list(tmp_path.glob("out.tmp-*"))
