@@ -80,6 +80,13 @@ const std::vector<Family>& families() {
   return f;
 }
 
+constexpr const char* kAdapterIn = ".adapter.linear_in.weight";
+constexpr const char* kAdapterOut = ".adapter.linear_out.weight";
+
+bool ends_with(const std::string& s, const std::string& suffix) {
+  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
 std::optional<int64_t> parse_index(const std::string& s) {
   int64_t v = 0;
   auto r = std::from_chars(s.data(), s.data() + s.size(), v);
@@ -223,25 +230,60 @@ class Mapper {
   void map(LayerTensor& lt, std::vector<std::string>& unknown) {
     const SourceTensor& t = lt.tensor;
     if (lt.layer < 0) return map_global(t, unknown);
-    for (size_t i = 0; i < family_->rules.size(); ++i) {
-      const Rule& rule = family_->rules[i];
-      if (lt.rest != rule.megatron) continue;
-      std::string hf = "model.layers." + std::to_string(lt.layer) + "." + rule.hf;
-      if (lt.expert >= 0) hf.replace(hf.find('*'), 1, std::to_string(lt.expert));
-      const Key key{1, lt.layer, lt.expert, i, 0};
-      switch (rule.split) {
-        case Split::None: {
-          SourceTensor out = t;
-          out.name = hf;
-          emit(std::move(out), key);
-          break;
-        }
-        case Split::GateUp: split_gate_up(t, hf, key); break;
-        case Split::Qkv: split_qkv(t, hf, key); break;
-      }
-      return;
-    }
+    for (const char* adapter : {kAdapterIn, kAdapterOut})
+      if (ends_with(lt.rest, adapter)) return map_adapter(lt, adapter == kAdapterIn, unknown);
+    if (const auto i = rule_for(lt.rest)) return map_rows(t, *i, hf_name(lt, *i), Key{1, lt.layer, lt.expert, *i, 0});
     unknown.push_back(t.name);
+  }
+
+  std::optional<size_t> rule_for(const std::string& rest) const {
+    for (size_t i = 0; i < family_->rules.size(); ++i)
+      if (rest == family_->rules[i].megatron) return i;
+    return std::nullopt;
+  }
+
+  std::string hf_name(const LayerTensor& lt, size_t rule) const {
+    std::string hf = "model.layers." + std::to_string(lt.layer) + "." + family_->rules[rule].hf;
+    if (lt.expert >= 0) hf.replace(hf.find('*'), 1, std::to_string(lt.expert));
+    return hf;
+  }
+
+  // A tensor whose rows follow the rule's weight (the weight itself, its bias, a LoRA B).
+  void map_rows(const SourceTensor& t, size_t rule, const std::string& hf, Key key) {
+    switch (family_->rules[rule].split) {
+      case Split::None: {
+        SourceTensor out = t;
+        out.name = hf;
+        return emit(std::move(out), key);
+      }
+      case Split::GateUp: return split_gate_up(t, hf, key);
+      case Split::Qkv: return split_qkv(t, hf, key);
+    }
+  }
+
+  // Megatron-Bridge LoRA (`<module>.adapter.linear_in/out.weight`) as PEFT names of the HF
+  // modules: linear_out = B, whose rows split like the fused weight's (QKV per query group,
+  // gate/up halves), so that folding each HF part equals folding the fused weight first;
+  // linear_in = A, shared by the parts of a fused weight.
+  void map_adapter(const LayerTensor& lt, bool is_a, std::vector<std::string>& unknown) {
+    const std::string suffix = is_a ? kAdapterIn : kAdapterOut;
+    const auto rule = rule_for(lt.rest.substr(0, lt.rest.size() - suffix.size()) + ".weight");
+    if (!rule) return unknown.push_back(lt.tensor.name);
+    std::string hf = hf_name(lt, *rule);
+    hf = hf.substr(0, hf.size() - std::string(".weight").size()) + (is_a ? ".lora_A.weight" : ".lora_B.weight");
+    const Key key{4, lt.layer, lt.expert, *rule, 0};
+    if (!is_a) return map_rows(lt.tensor, *rule, hf, key);
+    std::vector<const char*> parts;
+    switch (family_->rules[*rule].split) {
+      case Split::None: parts = {nullptr}; break;
+      case Split::GateUp: parts = {"gate", "up"}; break;
+      case Split::Qkv: parts = {"q", "k", "v"}; break;
+    }
+    for (const char* p : parts) {
+      SourceTensor a = lt.tensor;
+      a.name = p ? part(hf, p) : hf;
+      emit(std::move(a), key);
+    }
   }
 
   void map_global(const SourceTensor& t, std::vector<std::string>& unknown) {

@@ -2,13 +2,17 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <filesystem>
+#include <span>
 
 #include "layouts/fsdp.hpp"
 #include "layouts/hf.hpp"
 #include "layouts/megatron.hpp"
 #include "plan/megatron_names.hpp"
+#include "plan/peft_names.hpp"
+#include "util/file.hpp"
 #include "layouts/layout.hpp"
 #include "shardmerge/error.hpp"
 
@@ -28,6 +32,26 @@ std::optional<LoraConfig> fsdp_lora_config(const layouts::FsdpRole& role) {
     return lora_config_from_adapter_config(role.lora_adapter->config, role.lora_adapter->path + "/adapter_config.json");
   if (role.lora_train_meta) return lora_config_from_train_meta(*role.lora_train_meta, role.path + "/lora_train_meta.json");
   return std::nullopt;
+}
+
+// Megatron LoRA's r and alpha: the HF PEFT adapter verl exports beside the bridge's weights, or
+// lora_train_meta.json; else only r is known (from the tensors) and --lora-alpha must say alpha.
+LoraConfig megatron_lora_config(const layouts::MegatronRole& role, const layouts::HfTree* hf) {
+  namespace fs = std::filesystem;
+  std::vector<fs::path> adapter_configs = {fs::path(role.path) / "model" / "huggingface" / "adapter" / "adapter_config.json"};
+  if (hf) adapter_configs.push_back(fs::path(hf->path) / "adapter" / "adapter_config.json");
+  auto parse = [](const fs::path& p) {
+    auto j = nlohmann::json::parse(read_small_file(p.string()), nullptr, false);
+    if (j.is_discarded() || !j.is_object()) throw Error("is not a JSON object").file(p.string());
+    return j;
+  };
+  for (const fs::path& p : adapter_configs)
+    if (fs::is_regular_file(p)) return lora_config_from_adapter_config(parse(p), p.string());
+  const fs::path meta = fs::path(role.path) / "lora_train_meta.json";
+  if (fs::is_regular_file(meta)) return lora_config_from_train_meta(parse(meta), meta.string());
+  LoraConfig none;
+  none.source = "the Megatron checkpoint (it does not record LoRA's alpha)";
+  return none;
 }
 
 // Turns the model groups into a plan with the HF sidecars of `hf`.
@@ -86,16 +110,32 @@ PlannedMerge plan_megatron(const MergeRequest& req, const layouts::MegatronRole&
   out.role_dir = role.path;
   const layouts::HfTree* hf = role.huggingface ? &*role.huggingface : nullptr;
   if (role.model_format == "huggingface" && hf && hf->weights_complete) {
-    // mbridge already saved complete HF weights: a verified copy through the same pipeline.
+    // The bridge already saved complete HF weights: a verified copy through the same pipeline,
+    // with LoRA folded (or exported) from verl's PEFT adapter beside them, or from PEFT names
+    // left in the weights themselves (verl#4761).
+    const std::string adapter = (std::filesystem::path(hf->path) / "adapter").string();
+    if (std::filesystem::is_regular_file(std::filesystem::path(adapter) / "adapter_config.json")) {
+      PlannedMerge folded = plan_fold_lora({hf->path, adapter, req.output, req.lora, req.lora_alpha});
+      folded.role_dir = role.path;
+      folded.other_source_dirs.clear();
+      folded.plan.notes.insert(folded.plan.notes.begin(), "the checkpoint's HF weights in " + hf->path +
+                                                              " are complete; LoRA comes from the PEFT adapter in " + adapter);
+      return folded;
+    }
     notes.push_back("the checkpoint's HF weights in " + hf->path + " are already complete: nothing to merge, "
                     "writing a verified copy");
     out.sources = layouts::describe_hf_weights(hf->path);
-    OutputGroup model;
-    model.file_stem = "model";
-    for (const auto& t : out.sources.tensors) model.tensors.push_back({t.name, &t, std::nullopt, false});
-    ModelGroups groups;
-    groups.model = std::move(model);
-    out.plan = finish_plan(out.sources, role.path, std::move(groups), hf, std::move(notes), req.output);
+    const PeftSplit split = split_peft_names(out.sources);
+    std::optional<LoraConfig> lora_config;
+    if (!split.lora.empty()) lora_config = megatron_lora_config(role, hf);
+    out.lora_summary = describe_lora(split, lora_config);
+    ModelGroupsInput groups_in;
+    groups_in.split = &split;
+    groups_in.mode = req.lora;
+    groups_in.config = lora_config;
+    groups_in.alpha_override = req.lora_alpha;
+    groups_in.drop_tied_lm_head = config_ties_embeddings(hf);
+    out.plan = finish_plan(out.sources, role.path, make_model_groups(groups_in), hf, std::move(notes), req.output);
     return out;
   }
   const std::optional<layouts::HfTree> given = hf_model_path_tree(req, notes);
@@ -121,12 +161,27 @@ PlannedMerge plan_megatron(const MergeRequest& req, const layouts::MegatronRole&
   out.sources.description = megatron.description;
   out.sources.files = std::move(megatron.files);
   out.sources.notes = std::move(megatron.notes);
+  // Base weights first, then the LoRA tensors the mapping named as in a saved PEFT adapter.
+  const auto lora_begin = std::stable_partition(mapped.tensors.begin(), mapped.tensors.end(), [](const SourceTensor& t) {
+    return t.name.find(".lora_A.") == std::string::npos && t.name.find(".lora_B.") == std::string::npos;
+  });
+  const size_t base_count = static_cast<size_t>(lora_begin - mapped.tensors.begin());
   out.sources.tensors = std::move(mapped.tensors);
   notes.insert(notes.end(), mapped.notes.begin(), mapped.notes.end());
-  ModelGroups groups;
-  groups.model.file_stem = "model";
-  for (const auto& t : out.sources.tensors) groups.model.tensors.push_back({t.name, &t, std::nullopt, false});
-  out.plan = finish_plan(out.sources, role.path, std::move(groups), hf, std::move(notes), req.output);
+
+  PeftSplit split;
+  const std::span<const SourceTensor> all(out.sources.tensors);
+  add_peft_tensors(split, all.first(base_count), /*saved_adapter=*/false);
+  add_peft_tensors(split, all.subspan(base_count), /*saved_adapter=*/true);
+  std::optional<LoraConfig> lora_config;
+  if (!split.lora.empty()) lora_config = megatron_lora_config(role, hf);
+  out.lora_summary = describe_lora(split, lora_config);
+  ModelGroupsInput groups_in;
+  groups_in.split = &split;
+  groups_in.mode = req.lora;
+  groups_in.config = lora_config;
+  groups_in.alpha_override = req.lora_alpha;
+  out.plan = finish_plan(out.sources, role.path, make_model_groups(groups_in), hf, std::move(notes), req.output);
   return out;
 }
 

@@ -62,6 +62,39 @@ TEST(MegatronNames, UnstacksAndSplitsQkvPerGroup) {
   EXPECT_EQ(v0.pieces[1].extent, (std::vector<int64_t>{2}));
 }
 
+TEST(MegatronNames, LoraAdaptersBecomePeftNamesSplitLikeTheirWeights) {
+  // Megatron-Bridge adapters: linear_in = A [L, r, in], linear_out = B [L, out, r]; r = 3.
+  SourceSet set;
+  set.tensors = {stored("decoder.layers.self_attention.linear_qkv.weight", {2, 16, 8}, 0),
+                 stored("decoder.layers.self_attention.linear_qkv.adapter.linear_in.weight", {2, 3, 8}, 10000),
+                 stored("decoder.layers.self_attention.linear_qkv.adapter.linear_out.weight", {2, 16, 3}, 20000),
+                 stored("decoder.layers.self_attention.linear_qkv.adapter.linear_in._extra_state", {1}, 29000),
+                 stored("decoder.layers.mlp.linear_fc2.adapter.linear_in.weight", {2, 3, 6}, 30000),
+                 stored("decoder.layers.mlp.linear_fc2.adapter.linear_out.weight", {2, 8, 3}, 40000)};
+  const HfTensors m = map_megatron_to_hf(set, qwen2_config(), {});
+  // A is shared by q, k and v: the same bytes (layer 1's block) under three names.
+  for (const char* p : {"q", "k", "v"}) {
+    const SourceTensor& a = find(m, std::string("model.layers.1.self_attn.") + p + "_proj.lora_A.weight");
+    EXPECT_EQ(a.shape, (std::vector<int64_t>{3, 8}));
+    ASSERT_EQ(a.pieces.size(), 1u);
+    EXPECT_EQ(a.pieces[0].offset, 10000u + 3 * 8 * 2);
+  }
+  // B's rows split per query group exactly like the fused weight's: k rows 4-5 and 12-13.
+  const SourceTensor& bk = find(m, "model.layers.0.self_attn.k_proj.lora_B.weight");
+  EXPECT_EQ(bk.shape, (std::vector<int64_t>{4, 3}));
+  ASSERT_EQ(bk.pieces.size(), 2u);
+  EXPECT_EQ(bk.pieces[0].offset, 20000u + 4 * 3 * 2);
+  EXPECT_EQ(bk.pieces[1].offset, 20000u + 12 * 3 * 2);
+  EXPECT_EQ(find(m, "model.layers.1.mlp.down_proj.lora_B.weight").shape, (std::vector<int64_t>{8, 3}));
+  EXPECT_EQ(find(m, "model.layers.0.mlp.down_proj.lora_A.weight").shape, (std::vector<int64_t>{3, 6}));
+}
+
+TEST(MegatronNames, AdapterOfAnUnknownModuleIsAnError) {
+  SourceSet set;
+  set.tensors = {stored("decoder.layers.self_attention.linear_xyz.adapter.linear_in.weight", {2, 3, 8}, 0)};
+  EXPECT_THROW(map_megatron_to_hf(set, qwen2_config(), {}), Error);
+}
+
 TEST(MegatronNames, GateUpHalvesExpertsAndGlobals) {
   nlohmann::ordered_json cfg = qwen2_config();
   cfg["architectures"] = {"Qwen2MoeForCausalLM"};
