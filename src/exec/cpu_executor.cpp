@@ -1,7 +1,6 @@
 // The CPU executor: a pool of threads pulling Tasks. Runs go file to file (copy_file_range,
 // or pread + cast + pwrite); slabs gather through bounded staging; LoRA folds run slab by
 // slab through an fp32 sgemm. All staging comes from one budget derived from --memory-limit.
-#include <cblas.h>
 
 #include <algorithm>
 #include <atomic>
@@ -12,6 +11,7 @@
 #include <mutex>
 #include <thread>
 
+#include "exec/blas.hpp"
 #include "exec/convert_cpu.hpp"
 #include "exec/gather.hpp"
 #include "exec/io.hpp"
@@ -111,7 +111,6 @@ class CpuRun {
   }
 
   ExecStats run() {
-    openblas_set_num_threads(1);  // parallelism comes from our workers
     tasks_ = make_tasks(plan_, limits_);
     std::vector<std::thread> workers;
     for (unsigned i = 0; i < std::min<size_t>(threads_, std::max<size_t>(1, tasks_.size())); ++i)
@@ -235,11 +234,12 @@ class CpuRun {
       {
         auto scope = trace("fold", static_cast<uint64_t>(2 * n * cols * r));
         const auto scale = static_cast<float>(f.scale);
+        const SgemmFn sgemm = blas_sgemm();
         if (tr) {  // W[n, out] += scale * A_cols^T [n, r] @ B^T [r, out]
-          cblas_sgemm(CblasRowMajor, CblasTrans, CblasTrans, static_cast<int>(n), static_cast<int>(cols), static_cast<int>(r),
+          sgemm(CblasRowMajor, CblasTrans, CblasTrans, static_cast<int>(n), static_cast<int>(cols), static_cast<int>(r),
                       scale, p, static_cast<int>(n), all, static_cast<int>(r), 1.0f, w, static_cast<int>(cols));
         } else {  // W[n, in] += scale * B_rows [n, r] @ A [r, in]
-          cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, static_cast<int>(n), static_cast<int>(cols),
+          sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, static_cast<int>(n), static_cast<int>(cols),
                       static_cast<int>(r), scale, p, static_cast<int>(r), all, static_cast<int>(cols), 1.0f, w,
                       static_cast<int>(cols));
         }

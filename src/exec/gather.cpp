@@ -2,6 +2,7 @@
 
 #include "exec/convert_cpu.hpp"
 #include "exec/io.hpp"
+#include "util/shape.hpp"
 
 namespace shardmerge {
 namespace {
@@ -27,11 +28,7 @@ void split_to_fit(GatherRegion r, uint64_t max_span_bytes, const std::vector<int
 
 }  // namespace
 
-uint64_t GatherRegion::numel() const {
-  uint64_t n = 1;
-  for (int64_t e : extent) n *= static_cast<uint64_t>(e);
-  return n;
-}
+uint64_t GatherRegion::numel() const { return element_count(extent); }
 
 uint64_t GatherRegion::span_bytes() const {
   uint64_t span = 1;

@@ -1,14 +1,11 @@
 #include "exec/tasks.hpp"
+#include "util/shape.hpp"
 
 #include <algorithm>
 
 namespace shardmerge {
 
-uint64_t Box::numel() const {
-  uint64_t n = 1;
-  for (int64_t e : extent) n *= static_cast<uint64_t>(e);
-  return n;
-}
+uint64_t Box::numel() const { return element_count(extent); }
 
 bool box_is_contiguous(const std::vector<int64_t>& extent, const std::vector<int64_t>& shape) {
   // Row-major contiguous: single-element leading dims, then one partial dim, then full dims.

@@ -15,11 +15,7 @@ using pickle::Value;
 
 // ---- TensorView ----------------------------------------------------------------------------
 
-uint64_t TensorView::numel() const {
-  uint64_t n = 1;
-  for (int64_t s : size) n *= static_cast<uint64_t>(s);
-  return n;
-}
+uint64_t TensorView::numel() const { return element_count(size); }
 
 bool TensorView::is_contiguous() const {
   // 128 bits: the product of sizes only grows while strides keep matching it, and a matched

@@ -2,14 +2,11 @@
 
 #include "plan/sharding.hpp"
 #include "shardmerge/plan.hpp"
+#include "util/shape.hpp"
 
 namespace shardmerge {
 
-uint64_t Slice::numel() const {
-  uint64_t n = 1;
-  for (int64_t e : extent) n *= static_cast<uint64_t>(e);
-  return n;
-}
+uint64_t Slice::numel() const { return element_count(extent); }
 
 bool Slice::source_contiguous() const {
   int64_t expected = 1;
@@ -34,11 +31,7 @@ std::optional<Slice> intersect(const Slice& s, const std::vector<int64_t>& start
   return out;
 }
 
-uint64_t OutputTensor::numel() const {
-  uint64_t n = 1;
-  for (int64_t d : shape) n *= static_cast<uint64_t>(d);
-  return n;
-}
+uint64_t OutputTensor::numel() const { return element_count(shape); }
 
 uint64_t MergePlan::bytes_read() const {
   uint64_t n = 0;

@@ -89,18 +89,14 @@ PlannedMerge plan_fsdp(const MergeRequest& req, const layouts::FsdpRole& role, s
   const std::optional<LoraConfig> lora_config = split.lora.empty() ? std::nullopt : fsdp_lora_config(role);
   out.lora_summary = describe_lora(split, lora_config);
 
-  ModelGroupsInput groups_in;
-  groups_in.split = &split;
-  groups_in.mode = req.lora;
-  groups_in.config = lora_config;
-  groups_in.alpha_override = req.lora_alpha;
   // FSDP rank files hold lm_head as trained: only a config that ties it makes it an alias.
-  groups_in.drop_tied_lm_head = config_ties_embeddings(hf);
-  if (req.tie_word_embedding && !groups_in.drop_tied_lm_head)
+  const bool tied = config_ties_embeddings(hf);
+  if (req.tie_word_embedding && !tied)
     notes.push_back("--tie-word-embedding is ignored for FSDP (as verl's merger does): config.json does not tie the "
                     "embeddings, so a saved lm_head.weight is a trained matrix of its own and is kept");
   if (req.is_value_model) notes.push_back("--is-value-model only changes Megatron merges; FSDP value heads are written as saved");
-  out.plan = finish_plan(out.sources, role.path, make_model_groups(groups_in), hf, std::move(notes), req.output);
+  out.plan = finish_plan(out.sources, role.path, make_model_groups({&split, req.lora, lora_config, req.lora_alpha, tied}),
+                         hf, std::move(notes), req.output);
   return out;
 }
 
@@ -129,13 +125,9 @@ PlannedMerge plan_megatron(const MergeRequest& req, const layouts::MegatronRole&
     std::optional<LoraConfig> lora_config;
     if (!split.lora.empty()) lora_config = megatron_lora_config(role, hf);
     out.lora_summary = describe_lora(split, lora_config);
-    ModelGroupsInput groups_in;
-    groups_in.split = &split;
-    groups_in.mode = req.lora;
-    groups_in.config = lora_config;
-    groups_in.alpha_override = req.lora_alpha;
-    groups_in.drop_tied_lm_head = config_ties_embeddings(hf);
-    out.plan = finish_plan(out.sources, role.path, make_model_groups(groups_in), hf, std::move(notes), req.output);
+    out.plan = finish_plan(out.sources, role.path,
+                           make_model_groups({&split, req.lora, lora_config, req.lora_alpha, config_ties_embeddings(hf)}),
+                           hf, std::move(notes), req.output);
     return out;
   }
   const std::optional<layouts::HfTree> given = hf_model_path_tree(req, notes);
@@ -176,12 +168,9 @@ PlannedMerge plan_megatron(const MergeRequest& req, const layouts::MegatronRole&
   std::optional<LoraConfig> lora_config;
   if (!split.lora.empty()) lora_config = megatron_lora_config(role, hf);
   out.lora_summary = describe_lora(split, lora_config);
-  ModelGroupsInput groups_in;
-  groups_in.split = &split;
-  groups_in.mode = req.lora;
-  groups_in.config = lora_config;
-  groups_in.alpha_override = req.lora_alpha;
-  out.plan = finish_plan(out.sources, role.path, make_model_groups(groups_in), hf, std::move(notes), req.output);
+  // The mapping already dropped a tied output layer.
+  out.plan = finish_plan(out.sources, role.path, make_model_groups({&split, req.lora, lora_config, req.lora_alpha, false}),
+                         hf, std::move(notes), req.output);
   return out;
 }
 
@@ -220,13 +209,9 @@ PlannedMerge plan_fold_lora(const FoldLoraRequest& req) {
   const layouts::HfTree hf = layouts::read_hf_tree(req.base_dir);
   const LoraConfig config = lora_config_from_adapter_config(adapter.config, adapter.config_path);
   out.lora_summary = describe_lora(split, config);
-  ModelGroupsInput groups_in;
-  groups_in.split = &split;
-  groups_in.mode = req.lora;
-  groups_in.config = config;
-  groups_in.alpha_override = req.lora_alpha;
-  groups_in.drop_tied_lm_head = config_ties_embeddings(&hf);
-  out.plan = finish_plan(out.sources, req.adapter_dir, make_model_groups(groups_in), &hf, std::move(notes), req.output);
+  out.plan = finish_plan(out.sources, req.adapter_dir,
+                         make_model_groups({&split, req.lora, config, req.lora_alpha, config_ties_embeddings(&hf)}), &hf,
+                         std::move(notes), req.output);
   return out;
 }
 

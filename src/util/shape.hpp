@@ -1,4 +1,4 @@
-// Shapes as text, for messages: "[251, 32]".
+// Shapes: their element counts, and as text for messages ("[251, 32]").
 #pragma once
 
 #include <cstdint>
@@ -6,6 +6,12 @@
 #include <vector>
 
 namespace shardmerge {
+
+inline uint64_t element_count(const std::vector<int64_t>& shape) {
+  uint64_t n = 1;
+  for (int64_t d : shape) n *= static_cast<uint64_t>(d);
+  return n;
+}
 
 inline std::string shape_string(const std::vector<int64_t>& shape) {
   std::string s = "[";
