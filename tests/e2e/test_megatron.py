@@ -8,7 +8,8 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("safetensors")
 
-from e2e_util import assert_tensors_bitwise, error_lines, hf_tensor_names, leftovers, load_hf, load_st  # noqa: E402
+from e2e_util import (assert_tensors_bitwise, error_lines, hf_tensor_names, leftovers, load_hf, load_st,  # noqa: E402
+                      max_abs, ulp_distance)
 
 
 def merge_args(fixtures, fx):
@@ -18,7 +19,13 @@ def merge_args(fixtures, fx):
         args += ["--hf_model_path", fixtures / fx["hf_config_dir_fallback"]]
     if fx.get("value_model"):
         args += ["--is-value-model"]
+    if fx.get("lora"):  # verl does not record Megatron LoRA's alpha in the checkpoint
+        args += ["--lora-alpha", str(fx["lora"]["alpha"])]
     return args
+
+
+# The base weights, whether or not the fixture has LoRA adapters (they have their own tests).
+BASE = ("--lora", "drop")
 
 
 def expected_weights(fixtures, fx):
@@ -48,19 +55,19 @@ def merged_megatron(run, fixtures, tmp_path_factory):
 
 
 def test_merge_equals_the_hf_weights_it_came_from(megatron_fx, fixtures, merged_megatron):
-    out = merged_megatron(megatron_fx, "--dtype", "keep")
+    out = merged_megatron(megatron_fx, "--dtype", "keep", *BASE)
     assert_tensors_bitwise(load_hf(out), expected_weights(fixtures, megatron_fx), megatron_fx["name"])
 
 
 def test_default_dtype_is_bf16_rounded_like_torch(megatron_fx, fixtures, merged_megatron):
-    out = load_hf(merged_megatron(megatron_fx))
+    out = load_hf(merged_megatron(megatron_fx, *BASE))
     exp = {k: v.to(torch.bfloat16) if v.is_floating_point() else v
            for k, v in expected_weights(fixtures, megatron_fx).items()}
     assert_tensors_bitwise(out, exp, megatron_fx["name"] + " (bf16)")
 
 
 def test_sharded_index_counts_bytes(megatron_fx, merged_megatron):
-    out = merged_megatron(megatron_fx, "--max-shard-size", "40KB")
+    out = merged_megatron(megatron_fx, "--max-shard-size", "40KB", *BASE)
     index = json.loads((out / "model.safetensors.index.json").read_text())
     tensors = load_hf(out)
     assert index["metadata"]["total_size"] == sum(t.numel() * t.element_size() for t in tensors.values())
@@ -69,7 +76,7 @@ def test_sharded_index_counts_bytes(megatron_fx, merged_megatron):
 
 
 def test_config_and_tokenizer_written(megatron_fx, merged_megatron):
-    out = merged_megatron(megatron_fx)
+    out = merged_megatron(megatron_fx, *BASE)
     cfg = json.loads((out / "config.json").read_text())
     assert cfg["architectures"] == [megatron_fx["architecture"]] or megatron_fx.get("value_model")
     assert cfg.get("dtype", cfg.get("torch_dtype")) == "bfloat16"
@@ -123,7 +130,7 @@ def test_verify_against_expected(megatron_fx, fixtures, run):
         pytest.skip("the expected tree names the value head lm_head.weight (mbridge), we write score.weight")
     args = merge_args(fixtures, megatron_fx)
     proc = run("verify", "--local_dir", fixtures / megatron_fx["role_dir"], "--test_hf_dir",
-               fixtures / megatron_fx["expected"], "--dtype", "keep", *args, check=False)
+               fixtures / megatron_fx["expected"], "--dtype", "keep", *BASE, *args, check=False)
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
@@ -133,3 +140,56 @@ def test_value_model_head(manifest, fixtures, merged_megatron):
         pytest.skip("no Megatron critic fixture")
     names = set(hf_tensor_names(merged_megatron(fx)))
     assert "score.weight" in names and "lm_head.weight" not in names
+
+
+def lora_fixture(manifest):
+    fx = next((f for f in manifest["fixtures"] if f["kind"] == "megatron" and f.get("status") == "ok"
+               and f.get("lora")), None)
+    if fx is None:
+        pytest.skip("no Megatron LoRA fixture")
+    return fx
+
+
+def test_lora_fold_matches_the_fused_fold(manifest, fixtures, merged_megatron):
+    """W + (alpha/dim)·linear_out@linear_in folded in Megatron layout before the QKV / gate-up
+    split (fixture, fp32 then bf16) equals our per-HF-part fold within one bf16 ulp."""
+    fx = lora_fixture(manifest)
+    got = load_hf(merged_megatron(fx, "--lora", "fold", "--dtype", "keep"))
+    ref = load_st(fixtures / fx["expected_folded"] / "model.safetensors")
+    assert set(got) == set(ref), sorted(set(got) ^ set(ref))
+    worst = max((ulp_distance(got[k], ref[k]), max_abs(got[k], ref[k]), k) for k in ref)
+    assert worst[0] <= 1, f"{worst[2]} is {worst[0]} ulp off (max abs error {worst[1]:g})"
+    base = load_st(fixtures / fx["expected"] / "model.safetensors")
+    changed = [k for k in ref if not torch.equal(ref[k], base[k])]
+    assert changed, "the fixture's fold changes nothing"
+    assert all(torch.equal(got[k], ref[k]) for k in ref if k not in changed), "unadapted tensors must be byte-identical"
+
+
+def test_lora_adapter_export_reproduces_the_fold(manifest, fixtures, merged_megatron):
+    """--lora adapter: the base weights plus a PEFT adapter (q/k/v and gate/up get their own
+    lora_A, the shared Megatron linear_in) that PEFT merges into the same weights."""
+    peft = pytest.importorskip("peft")
+    transformers = pytest.importorskip("transformers")
+    fx = lora_fixture(manifest)
+    out = merged_megatron(fx, "--lora", "adapter", "--dtype", "fp32")
+    cfg = json.loads((out / "lora_adapter" / "adapter_config.json").read_text())
+    assert cfg["r"] == fx["lora"]["dim"] and cfg["lora_alpha"] == fx["lora"]["alpha"]
+    assert not any(".lora_" in k for k in hf_tensor_names(out))
+    model = transformers.AutoModelForCausalLM.from_pretrained(str(out), dtype=torch.float32)
+    merged = peft.PeftModel.from_pretrained(model, str(out / "lora_adapter")).merge_and_unload()
+    sd = {k: v.to(torch.bfloat16) for k, v in merged.state_dict().items()}
+    ref = load_st(fixtures / fx["expected_folded"] / "model.safetensors")
+    worst = max((ulp_distance(sd[k], ref[k]), k) for k in ref)
+    assert worst[0] <= 1, f"{worst[1]} is {worst[0]} ulp off"
+
+
+def test_lora_without_alpha_says_how_to_pass_it(manifest, fixtures, run, tmp_path):
+    fx = lora_fixture(manifest)
+    args = [a for a in merge_args(fixtures, fx)]
+    i = args.index("--lora-alpha")
+    del args[i:i + 2]
+    proc = run("merge", "--local_dir", fixtures / fx["role_dir"], "--target_dir", tmp_path / "out", *args, check=False)
+    assert proc.returncode != 0
+    lines = error_lines(proc.stderr)
+    assert len(lines) == 1 and "--lora-alpha" in lines[0], proc.stderr
+    assert not (tmp_path / "out").exists()
