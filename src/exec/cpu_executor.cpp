@@ -237,11 +237,11 @@ class CpuRun {
         const SgemmFn sgemm = blas_sgemm();
         if (tr) {  // W[n, out] += scale * A_cols^T [n, r] @ B^T [r, out]
           sgemm(CblasRowMajor, CblasTrans, CblasTrans, static_cast<int>(n), static_cast<int>(cols), static_cast<int>(r),
-                      scale, p, static_cast<int>(n), all, static_cast<int>(r), 1.0f, w, static_cast<int>(cols));
+                scale, p, static_cast<int>(n), all, static_cast<int>(r), 1.0f, w, static_cast<int>(cols));
         } else {  // W[n, in] += scale * B_rows [n, r] @ A [r, in]
           sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, static_cast<int>(n), static_cast<int>(cols),
-                      static_cast<int>(r), scale, p, static_cast<int>(r), all, static_cast<int>(cols), 1.0f, w,
-                      static_cast<int>(cols));
+                static_cast<int>(r), scale, p, static_cast<int>(r), all, static_cast<int>(cols), 1.0f, w,
+                static_cast<int>(cols));
         }
         const auto total = static_cast<size_t>(n * cols);
         if (const size_t i = first_non_finite(w, total); i < total)

@@ -1,7 +1,8 @@
 #include "exec/tasks.hpp"
-#include "util/shape.hpp"
 
 #include <algorithm>
+
+#include "util/shape.hpp"
 
 namespace shardmerge {
 
@@ -118,7 +119,6 @@ std::vector<Task> make_tasks(const MergePlan& plan, const TaskLimits& limits) {
   }
   return tasks;
 }
-
 
 uint64_t task_bytes(const MergePlan& plan, const Task& task) {
   const OutputTensor& out = plan.tensors[task.tensor];
