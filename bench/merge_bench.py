@@ -12,7 +12,13 @@ and prints each one's median time, the ratios (a)/(b), (a)/(c), (d)/(a) and ever
 command's peak RSS (from wait4). With --lora-rank it also times folding LoRA into the base
 weights against merging the same checkpoint without folding.
 
+With --megatron the checkpoint is a verl Megatron v2 role directory instead (torch_dist tree of
+TP x PP ranks, layer-stacked keys, bf16; written by bench/synthetic_megatron.py), merged with
+--backend megatron; the I/O floor reads its .distcp files. verl's Megatron merger needs a GPU
+and NCCL; --lora-rank is FSDP-only.
+
   bench/merge_bench.py --model qwen2.5-0.5b --world-size 8 --workdir /tmp/bench
+  bench/merge_bench.py --megatron --model qwen2.5-1.5b --tp 8 --pp 4 --workdir /tmp/bench
 """
 import argparse
 import os
@@ -82,6 +88,18 @@ def ensure_checkpoint(args, gen, workdir, lora_rank):
     return role
 
 
+def ensure_megatron_checkpoint(args, workdir):
+    run_root = workdir / f"{args.model}_megatron_tp{args.tp}_pp{args.pp}"
+    role = run_root / "global_step_1" / "actor"
+    if not (role / "ckpt_contents.json").exists():  # the manifest is written last
+        cmd = [args.python, str(ROOT / "bench" / "synthetic_megatron.py"), "--model", args.model, "--tp", str(args.tp),
+               "--pp", str(args.pp), "--out", str(run_root),
+               "--tokenizer-from", str(ROOT / "demo" / "global_step_3" / "actor" / "huggingface")]
+        print("generating:", " ".join(cmd), flush=True)
+        subprocess.run(cmd, check=True)
+    return role
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="qwen2.5-0.5b")
@@ -92,20 +110,41 @@ def main():
     ap.add_argument("--verl-python", help="Python with verl installed, to time verl.model_merger")
     ap.add_argument("--lora-rank", type=int, default=0, help="also time LoRA folding at this rank")
     ap.add_argument("--memory-limit", default="512MiB")
+    ap.add_argument("--megatron", action="store_true", help="benchmark a Megatron torch_dist checkpoint instead of FSDP")
+    ap.add_argument("--tp", type=int, default=8, help="--megatron: tensor-parallel size")
+    ap.add_argument("--pp", type=int, default=4, help="--megatron: pipeline-parallel size")
+    venv_python = ROOT / ".venv" / "bin" / "python"
+    ap.add_argument("--python", default=str(venv_python) if venv_python.exists() else sys.executable,
+                    help="--megatron: Python with torch, to run bench/synthetic_megatron.py")
     args = ap.parse_args()
+    if args.megatron and args.lora_rank:
+        raise SystemExit("--lora-rank is only benchmarked for FSDP checkpoints")
 
     build = Path(args.build_dir)
     shardmerge, gen = str(build / "shardmerge"), str(build / "bench" / "shardmerge-gen")
     workdir = Path(args.workdir)
     workdir.mkdir(parents=True, exist_ok=True)
-    role = ensure_checkpoint(args, gen, workdir, 0)
-    rank_files = sorted(role.glob("model_world_size_*_rank_*.pt"))
+    if args.megatron:
+        role = ensure_megatron_checkpoint(args, workdir)
+        rank_files = sorted((role / "model" / "dist_ckpt").glob("*.distcp"))
+        backend = ["--backend", "megatron"]
+    else:
+        role = ensure_checkpoint(args, gen, workdir, 0)
+        rank_files = sorted(role.glob("model_world_size_*_rank_*.pt"))
+        backend = []
     in_bytes = sum(f.stat().st_size for f in rank_files)
     out = workdir / "out"
 
+    def settle(*leftovers):
+        """Every timed command starts alike: earlier outputs removed and nothing left to write
+        back (verl and cp -r leave dirty pages that the next command would otherwise pay for)."""
+        for p in leftovers:
+            shutil.rmtree(p, ignore_errors=True)
+        os.sync()
+
     def merge(extra=()):
-        shutil.rmtree(out, ignore_errors=True)
-        r = run_measured([shardmerge, "merge", "--local_dir", role, "--target_dir", out,
+        settle(out)
+        r = run_measured([shardmerge, "merge", *backend, "--local_dir", role, "--target_dir", out,
                           "--memory-limit", args.memory_limit, *extra])
         return r
 
@@ -120,13 +159,14 @@ def main():
         t, m = merge()
         results["shardmerge"].append(t)
         rss["shardmerge"] = max(rss["shardmerge"], m)
-        results["io_floor"].append(io_floor(rank_files, out_bytes, workdir / "floor.bin"))
         copy = workdir / "copy"
-        shutil.rmtree(copy, ignore_errors=True)
+        settle(out, copy)
+        results["io_floor"].append(io_floor(rank_files, out_bytes, workdir / "floor.bin"))
+        settle()
         t, m = run_measured(["cp", "-r", str(role), str(copy)])
         results["cp -r"].append(t)
         rss["cp -r"] = max(rss["cp -r"], m)
-        shutil.rmtree(copy, ignore_errors=True)
+        settle(copy)
         start = time.perf_counter()
         run_measured(["cp", "-r", str(role), str(copy)])
         run_measured(["sync", "-f", str(copy)])
@@ -134,8 +174,9 @@ def main():
         shutil.rmtree(copy, ignore_errors=True)
         if args.verl_python:
             vout = workdir / "verl_out"
-            shutil.rmtree(vout, ignore_errors=True)
-            t, m = run_measured([args.verl_python, "-m", "verl.model_merger", "merge", "--backend", "fsdp",
+            settle(copy, vout)
+            t, m = run_measured([args.verl_python, "-m", "verl.model_merger", "merge",
+                                 "--backend", "megatron" if args.megatron else "fsdp",
                                  "--local_dir", str(role), "--target_dir", str(vout)])
             results["verl"].append(t)
             rss["verl"] = max(rss["verl"], m)
@@ -143,8 +184,13 @@ def main():
 
     med = {k: statistics.median(v) for k, v in results.items() if v}
     print()
-    print(f"# {args.model}, world size {args.world_size}: {len(rank_files)} rank files, "
-          f"{fmt_bytes(in_bytes)} in, {fmt_bytes(out_bytes)} out; median of {args.rounds} warm-cache rounds")
+    if args.megatron:
+        print(f"# {args.model}, Megatron torch_dist TP {args.tp} x PP {args.pp} ({args.tp * args.pp} ranks), bf16: "
+              f"{len(rank_files)} .distcp files, {fmt_bytes(in_bytes)} in, {fmt_bytes(out_bytes)} out; "
+              f"median of {args.rounds} warm-cache rounds")
+    else:
+        print(f"# {args.model}, world size {args.world_size}: {len(rank_files)} rank files, "
+              f"{fmt_bytes(in_bytes)} in, {fmt_bytes(out_bytes)} out; median of {args.rounds} warm-cache rounds")
     print(f"# {'command':<16} {'seconds':>9} {'GB/s (in+out)':>14} {'peak RSS':>12}")
     for k, v in med.items():
         r = f"{rss[k] / 2**20:9.1f} MiB" if rss[k] else f"{'-':>12}"
