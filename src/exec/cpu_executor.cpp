@@ -111,6 +111,10 @@ class CpuRun {
   }
 
   ExecStats run() {
+    // Load the BLAS before the workers start: loading sets OPENBLAS_CORETYPE (setenv is not
+    // safe beside other threads), and a missing library fails before any work is done.
+    if (std::any_of(plan_.tensors.begin(), plan_.tensors.end(), [](const OutputTensor& t) { return t.lora.has_value(); }))
+      blas_sgemm();
     tasks_ = make_tasks(plan_, limits_);
     std::vector<std::thread> workers;
     for (unsigned i = 0; i < std::min<size_t>(threads_, std::max<size_t>(1, tasks_.size())); ++i)
