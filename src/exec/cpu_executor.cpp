@@ -27,6 +27,9 @@ namespace shardmerge {
 namespace {
 
 constexpr uint64_t kMiB = 1ull << 20;
+// fp32 rows of W per fold slab: small enough that sgemm, the finite check and the cast find
+// the slab in cache.
+constexpr uint64_t kFoldSlabBytes = 2 * kMiB;
 // Resident memory that is not staging: code, libraries, OpenBLAS per-thread buffers, plan.
 constexpr uint64_t kReserve = 64 * kMiB;
 
@@ -211,7 +214,8 @@ class CpuRun {
     const bool tr = f.fan_in_fan_out;
     // Non-transposed: W [out, in] += B[out, r] @ A[r, in]: slab rows of W need rows of B and all of A.
     // Transposed:     W [in, out] += (B @ A)^T = A^T @ B^T: slab rows of W need columns of A and all of B.
-    const int64_t slab_rows = std::clamp<int64_t>(static_cast<int64_t>(staging_ / (4 * cols)), 1, rows);
+    const uint64_t slab_bytes = std::min<uint64_t>(staging_, kFoldSlabBytes);
+    const int64_t slab_rows = std::clamp<int64_t>(static_cast<int64_t>(slab_bytes / (4 * cols)), 1, rows);
     if (static_cast<uint64_t>(slab_rows * cols) * 4 > staging_)
       throw Error("a row of " + std::to_string(cols) + " elements does not fit the staging buffers; raise --memory-limit");
     const size_t resident = static_cast<size_t>(r * cols) * 4;  // all of A [r, in] or of B [out, r]
