@@ -210,7 +210,7 @@ def main():
         lrss = 0
         for _ in range(args.rounds):
             for mode in ("drop", "fold"):
-                shutil.rmtree(out, ignore_errors=True)
+                settle(out)
                 t, m = run_measured([shardmerge, "merge", "--local_dir", lrole, "--target_dir", out, "--lora", mode,
                                      "--memory-limit", args.memory_limit])
                 times[mode].append(t)
