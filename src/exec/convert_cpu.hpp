@@ -21,8 +21,9 @@ void convert_elements(const void* src, DType from, int64_t src_stride, void* dst
 void convert_box(const void* src, DType from, const int64_t* src_strides, void* dst, DType to,
                  const int64_t* dst_strides, const int64_t* extent, size_t ndim);
 
-// Index of the first NaN or infinity among n floats, or n when all are finite. The scan has
-// no early exit so it vectorises; the position is looked up only when something is wrong.
-size_t first_non_finite(const float* values, size_t n);
+// Converts n dense floats to `to` like convert_elements and returns the index of the first NaN
+// or infinity among them, or n when all are finite: the check rides along the cast's one pass,
+// and the position is looked up only when something is wrong.
+size_t convert_finite_f32(const float* src, void* dst, DType to, size_t n);
 
 }  // namespace shardmerge

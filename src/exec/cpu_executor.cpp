@@ -254,10 +254,9 @@ class CpuRun {
                 static_cast<int>(cols));
         }
         const auto total = static_cast<size_t>(n * cols);
-        if (const size_t i = first_non_finite(w, total); i < total)
+        if (const size_t i = convert_finite_f32(w, read.data, out.dtype, total); i < total)
           throw Error("LoRA fold produced a non-finite value at [" + std::to_string(r0 + static_cast<int64_t>(i) / cols) +
                       ", " + std::to_string(static_cast<int64_t>(i) % cols) + "]");
-        convert_elements(w, DType::F32, 1, read.data, out.dtype, total);
       }
       const uint64_t bytes = static_cast<uint64_t>(n * cols) * dtype_size(out.dtype);
       auto scope = trace("write", bytes);

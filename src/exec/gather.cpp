@@ -26,6 +26,18 @@ void split_to_fit(GatherRegion r, uint64_t max_span_bytes, const std::vector<int
   split_to_fit(std::move(hi), max_span_bytes, dst_strides, out);
 }
 
+// True when the region is one dense run both in its file and in the destination box, so it
+// can be read straight into place instead of through the staging buffer.
+bool is_dense_run(const GatherRegion& r, const std::vector<int64_t>& dst_strides) {
+  int64_t run = 1;
+  for (size_t d = r.extent.size(); d-- > 0;) {
+    if (r.extent[d] == 1) continue;
+    if (r.strides[d] != run || dst_strides[d] != run) return false;
+    run *= r.extent[d];
+  }
+  return true;
+}
+
 }  // namespace
 
 uint64_t GatherRegion::numel() const { return element_count(extent); }
@@ -60,9 +72,13 @@ uint64_t Gatherer::gather(const std::vector<Slice>& pieces, const Box& box, void
   const std::vector<int64_t> dst_strides = row_major_strides(box.extent);
   uint64_t read = 0;
   for (const GatherRegion& r : gather_regions(pieces, box, staging_size_)) {
-    pread_exact(sources_.fds[r.file], r.offset, staging_, r.span_bytes(), sources_.names[r.file]);
-    convert_box(staging_, r.dtype, r.strides.data(), static_cast<uint8_t*>(dst) + r.dst_index * dtype_size(to), to,
-                dst_strides.data(), r.extent.data(), r.extent.size());
+    uint8_t* at = static_cast<uint8_t*>(dst) + r.dst_index * dtype_size(to);
+    if (r.dtype == to && is_dense_run(r, dst_strides)) {
+      pread_exact(sources_.fds[r.file], r.offset, at, r.span_bytes(), sources_.names[r.file]);
+    } else {
+      pread_exact(sources_.fds[r.file], r.offset, staging_, r.span_bytes(), sources_.names[r.file]);
+      convert_box(staging_, r.dtype, r.strides.data(), at, to, dst_strides.data(), r.extent.data(), r.extent.size());
+    }
     read += r.numel() * dtype_size(r.dtype);
   }
   return read;

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <vector>
 
 #include "exec/convert_cpu.hpp"
 #include "shardmerge/convert.hpp"
@@ -102,6 +103,24 @@ TEST(ConvertLoops, StridedAndBoxCopiesConvert) {
   double wide[2];
   convert_elements(halves, DType::F16, 1, wide, DType::F64, 2);
   EXPECT_EQ(wide[1], 2.0);
+}
+
+TEST(ConvertLoops, FiniteCastFindsTheFirstNonFiniteAndStillCasts) {
+  std::vector<float> src(1000, 1.5f);
+  std::vector<uint16_t> out(src.size());
+  EXPECT_EQ(convert_finite_f32(src.data(), out.data(), DType::BF16, src.size()), src.size());
+  EXPECT_EQ(out[999], 0x3FC0);
+  src[700] = -std::numeric_limits<float>::infinity();
+  src[901] = std::numeric_limits<float>::quiet_NaN();
+  EXPECT_EQ(convert_finite_f32(src.data(), out.data(), DType::F16, src.size()), 700u);
+  EXPECT_EQ(out[700], 0xFC00);
+  EXPECT_EQ(out[0], 0x3E00);
+  std::vector<float> same(src.size());
+  EXPECT_EQ(convert_finite_f32(src.data() + 701, same.data(), DType::F32, 299), 200u);
+  EXPECT_EQ(std::memcmp(same.data(), src.data() + 701, 299 * sizeof(float)), 0);
+  double wide[2];
+  EXPECT_EQ(convert_finite_f32(src.data() + 699, wide, DType::F64, 2), 1u);  // the fallback path checks too
+  EXPECT_EQ(wide[0], 1.5);
 }
 
 TEST(ConvertLoops, IntegersAreNeverConverted) {
