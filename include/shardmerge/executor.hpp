@@ -29,7 +29,7 @@ class OutputSink {
 };
 
 struct ExecOptions {
-  unsigned threads = 0;                // 0: one per core
+  unsigned threads = 0;                // 0: two per core (default_io_threads)
   uint64_t memory_limit = 512ull << 20;  // peak resident memory the whole process may use
   Progress* progress = nullptr;        // fed with output bytes as they are written
   Trace* trace = nullptr;

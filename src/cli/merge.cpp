@@ -51,7 +51,7 @@ struct MergeCli {
 
 void add_exec_options(CLI::App* cmd, ExecCliOptions& o) {
   cmd->add_option("--target_dir,--target-dir", o.target, "Output directory (created atomically)");
-  cmd->add_option("--threads", o.threads, "Worker threads (default: one per core)");
+  cmd->add_option("--threads", o.threads, "Worker threads (default: two per core)");
   cmd->add_option("--memory-limit,--memory_limit", o.memory_limit, "Peak resident memory, e.g. 512MiB, 2GB");
   add_device_options(cmd, o.device, o.gpu_memory);
   cmd->add_option("--profile", o.profile, "Write a Chrome trace of the phases to this file");

@@ -101,14 +101,16 @@ class CpuRun {
  public:
   CpuRun(const MergePlan& plan, const OutputSink& out, const ExecOptions& opt)
       : plan_(plan), out_(out), opt_(opt), files_(plan.sources), sources_(files_.fds()) {
-    threads_ = opt.threads ? opt.threads : std::max(1u, std::thread::hardware_concurrency());
     // Two staging buffers per worker (read, convert) take half of what the limit leaves;
-    // fold tasks draw on the other half.
+    // fold tasks draw on the other half. Workers beyond what that half holds at one task's
+    // size each are not started: the memory limit wins over --threads.
     const uint64_t baseline = current_rss_bytes() + kReserve;
     if (opt.memory_limit < baseline + 8 * kMiB)
       throw usage_error("--memory-limit " + std::to_string(opt.memory_limit / kMiB) + " MiB is below the " +
                         std::to_string((baseline + 8 * kMiB) / kMiB) + " MiB this process needs at minimum");
     const uint64_t avail = opt.memory_limit - baseline;
+    const auto affordable = static_cast<unsigned>(std::max<uint64_t>(1, avail / 2 / (2 * kTaskBytes)));
+    threads_ = std::min(opt.threads ? opt.threads : default_io_threads(), affordable);
     staging_ = std::clamp<uint64_t>(avail / 2 / (2 * threads_), kMiB, 32 * kMiB);
     budget_ = std::make_unique<MemoryBudget>(avail - 2 * staging_ * threads_);
     limits_.run_bytes = std::min(staging_, kTaskBytes);

@@ -1,10 +1,12 @@
 #include "exec/io.hpp"
 
+#include <sched.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <thread>
 
 #include "shardmerge/error.hpp"
 
@@ -45,6 +47,14 @@ uint64_t copy_file_bytes(int in_fd, uint64_t in_offset, int out_fd, uint64_t out
     done += static_cast<uint64_t>(got);
   }
   return done;
+}
+
+unsigned default_io_threads() {
+  cpu_set_t set;
+  unsigned cores = 0;
+  if (::sched_getaffinity(0, sizeof set, &set) == 0) cores = static_cast<unsigned>(CPU_COUNT(&set));
+  if (cores == 0) cores = std::thread::hardware_concurrency();
+  return 2 * std::max(1u, cores);
 }
 
 }  // namespace shardmerge

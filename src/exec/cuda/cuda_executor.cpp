@@ -5,6 +5,7 @@
 #include <thread>
 
 #include "exec/cuda/device_runner.hpp"
+#include "exec/io.hpp"
 #include "exec/sources.hpp"
 #include "shardmerge/error.hpp"
 #include "util/rss.hpp"
@@ -69,7 +70,7 @@ class CudaExecutor : public Executor {
     const std::vector<Task> tasks = make_tasks(plan, TaskLimits{staging.chunk, staging.chunk});
     const std::vector<std::vector<Task>> parts = split_by_bytes(plan, tasks, devices_.size());
 
-    cuda::IoPool io(options.threads ? options.threads : std::max(1u, std::thread::hardware_concurrency()));
+    cuda::IoPool io(options.threads ? options.threads : default_io_threads());
     cuda::SharedRun shared(plan, sources.fds(), out, options, io);
     std::vector<std::thread> threads;
     for (size_t i = 0; i < devices_.size(); ++i)
