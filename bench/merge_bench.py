@@ -105,8 +105,8 @@ def main():
     ap.add_argument("--model", default="qwen2.5-0.5b")
     ap.add_argument("--world-size", type=int, default=8)
     ap.add_argument("--workdir", default="/tmp/shardmerge-bench",
-                    help="generated checkpoints are kept here for reruns; a run needs about 3x the "
-                         "checkpoint's size free (output, copy); delete it when done")
+                    help="generated checkpoints are kept here for reruns; keep about 3x the checkpoint's "
+                         "size free (its copy or output, the LoRA checkpoint); delete it when done")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--build-dir", default=str(ROOT / "build"))
     ap.add_argument("--verl-python", help="Python with verl installed, to time verl.model_merger")
