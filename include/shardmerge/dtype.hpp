@@ -47,6 +47,9 @@ const DTypeInfo& dtype_info(DType t);
 inline uint8_t dtype_size(DType t) { return dtype_info(t).size; }
 inline std::string_view dtype_name(DType t) { return dtype_info(t).torch_name; }
 inline bool is_floating(DType t) { return dtype_info(t).is_floating; }
+// Complex tensors are refused at planning: no HF model stores them, casts would drop the
+// imaginary part, and safetensors' reference reader does not know C32/C128.
+inline bool is_complex(DType t) { return t == DType::C32 || t == DType::C64 || t == DType::C128; }
 
 std::optional<DType> dtype_from_torch_name(std::string_view name);      // "bfloat16"
 std::optional<DType> dtype_from_storage_class(std::string_view name);   // "BFloat16Storage"

@@ -31,6 +31,9 @@ class OutputSink {
 struct ExecOptions {
   unsigned threads = 0;                // 0: two per core (default_io_threads)
   uint64_t memory_limit = 512ull << 20;  // peak resident memory the whole process may use
+  // Check the zip CRC-32 of every record read (MergePlan::records) as the bytes stream through;
+  // off (--no-crc) lets same-dtype copies stay in the kernel (copy_file_range).
+  bool check_crc = true;
   Progress* progress = nullptr;        // fed with output bytes as they are written
   Trace* trace = nullptr;
 };
@@ -40,6 +43,7 @@ struct ExecStats {
   uint64_t bytes_written = 0;
   uint64_t tasks = 0;
   uint64_t lora_folds = 0;
+  uint64_t records_checked = 0;  // zip records whose CRC-32 was verified
 };
 
 class Executor {

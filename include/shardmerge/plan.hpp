@@ -15,9 +15,32 @@
 
 namespace shardmerge {
 
+// What fstat said about a file when it was read: a source whose stamp differs later was
+// changed or replaced in between (content, not only size).
+struct FileStamp {
+  uint64_t size = 0;
+  int64_t mtime_ns = 0;
+  int64_t ctime_ns = 0;
+  uint64_t inode = 0;
+  uint64_t device = 0;
+  bool operator==(const FileStamp&) const = default;
+};
+
 struct SourceFile {
   std::string path;
-  uint64_t size = 0;  // size when planned; a file that changed since is refused
+  uint64_t size = 0;                 // size when planned; a file that changed since is refused
+  std::optional<FileStamp> planned;  // the file when the layout read it (absent in plans made by hand)
+};
+
+// A zip record (a torch.save storage) that slices read, with the CRC-32 its central directory
+// gives. Executors check the CRC of every record they read any byte of, over the whole record.
+struct RecordCheck {
+  uint32_t file = 0;    // index into MergePlan::sources
+  uint64_t offset = 0;  // absolute offset of the record's first data byte
+  uint64_t size = 0;
+  uint32_t crc32 = 0;
+  std::string record;   // the zip entry, e.g. "archive/data/3"
+  std::string tensor;   // a tensor whose bytes it holds, as the checkpoint names it
 };
 
 // A strided region of one source file, placed at box [start, start + extent) of a tensor.
@@ -79,10 +102,12 @@ struct MergePlan {
   std::string source_dir;
   std::string layout;                 // e.g. "fsdp2 world_size=4 mesh=(fsdp)"
   std::vector<SourceFile> sources;
+  std::vector<RecordCheck> records;   // by file and offset, one per record; safetensors sources have none
   std::vector<OutputFile> files;
   std::vector<OutputTensor> tensors;  // in output order
   std::vector<Sidecar> sidecars;
   std::vector<std::string> notes;     // decisions a user should know about
+  std::vector<std::string> warnings;  // choices that lose information, printed on stderr (e.g. a bf16 <-> fp16 cast)
 
   uint64_t bytes_read() const;     // sum of the source bytes the copies touch
   uint64_t bytes_written() const;  // sum of output file sizes

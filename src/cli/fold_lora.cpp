@@ -15,6 +15,7 @@ struct FoldLoraCli {
   std::string dtype = "auto";
   std::string max_shard_size = "5GB";
   double lora_alpha = 0;
+  bool force_lora_alpha = false;
   ExecCliOptions exec;
 };
 
@@ -22,15 +23,10 @@ FoldLoraRequest to_request(const FoldLoraCli& o) {
   FoldLoraRequest r;
   r.base_dir = o.base;
   r.adapter_dir = o.adapter;
-  if (o.dtype == "auto") {
-    r.output.dtype_policy = DTypePolicy::Auto;
-  } else if (o.dtype == "keep") {
-    r.output.dtype_policy = DTypePolicy::Keep;
-  } else {
-    r.output.dtype = *dtype_from_user(o.dtype);
-  }
+  r.output = output_dtype_options(o.dtype);
   r.output.max_shard_size = parse_size(o.max_shard_size);
   if (o.lora_alpha != 0) r.lora_alpha = o.lora_alpha;
+  r.force_lora_alpha = o.force_lora_alpha;
   return r;
 }
 
@@ -43,10 +39,13 @@ void add_fold_lora(CLI::App& app, Runner& run) {
   cmd->add_option("--adapter", o->adapter, "PEFT adapter directory (adapter_config.json + adapter_model.*)")
       ->required()
       ->check(CLI::ExistingDirectory);
-  cmd->add_option("--dtype", o->dtype, "Output dtype of floating-point tensors: auto (config.json), bf16, fp16, fp32, keep")
-      ->check(CLI::IsMember({"auto", "bf16", "bfloat16", "fp16", "float16", "fp32", "float32", "keep"}));
-  cmd->add_option("--max-shard-size,--max_shard_size", o->max_shard_size, "Largest output shard, e.g. 5GB");
-  cmd->add_option("--lora-alpha,--lora_alpha", o->lora_alpha, "LoRA alpha when adapter_config.json has none (or 0)");
+  cmd->add_option("--dtype", o->dtype,
+                  "Output dtype of floating-point tensors: auto (default: config.json's), default (fp32 -> bf16; fp16 "
+                  "and bf16 keep theirs), bf16, fp16, fp32, keep")
+      ->check(CLI::IsMember(kDTypeChoices));
+  cmd->add_option("--max-shard-size,--max_shard_size", o->max_shard_size, "Largest output shard, e.g. 5GB")
+      ->check(byte_size_check());
+  add_lora_alpha_options(cmd, o->lora_alpha, o->force_lora_alpha);
   add_exec_options(cmd, o->exec);
   cmd->callback([&run, o] {
     run = [o] { return write_merge([o] { return plan_fold_lora(to_request(*o)); }, o->exec); };

@@ -30,7 +30,8 @@ std::string quote(const std::string& path) {
   return path.find_first_of(" \t'\"$") == std::string::npos ? path : "'" + path + "'";
 }
 
-// A target directory beside (never inside) the checkpoint.
+// A target directory beside (never inside) the checkpoint that does not exist yet, so that the
+// suggested command works again after it has been run: NAME_hf, then NAME_hf-2, ...
 std::string suggested_target(const std::string& role_dir) {
   fs::path p = fs::absolute(role_dir).lexically_normal();
   if (p.filename().empty()) p = p.parent_path();
@@ -40,7 +41,10 @@ std::string suggested_target(const std::string& role_dir) {
     name = parent.filename().string() + "_" + name;
     parent = parent.parent_path();
   }
-  return (parent / (name + "_hf")).string();
+  std::error_code ec;
+  fs::path target = parent / (name + "_hf");
+  for (int n = 2; fs::exists(fs::symlink_status(target, ec)); ++n) target = parent / (name + "_hf-" + std::to_string(n));
+  return target.string();
 }
 
 std::string merge_command(const std::string& role_dir, const std::string& backend) {
@@ -171,6 +175,14 @@ std::string placement_of(const StateEntry& e) {
   return "ShardedTensor, " + std::to_string(std::get<ShardedTensorValue>(e.value).local_shards.size()) + " local shard(s)";
 }
 
+json safetensors_tensor_list(const std::string& path) {
+  json list = json::array();
+  SafetensorsFile f = SafetensorsFile::open(path);
+  for (const auto& t : f.tensors())
+    list.push_back({{"name", t.name}, {"dtype", dtype_name(t.dtype)}, {"shape", t.shape}, {"bytes", t.nbytes}});
+  return list;
+}
+
 // A single file: a torch.save archive or a safetensors file.
 json file_report(const std::string& path) {
   json j;
@@ -178,9 +190,7 @@ json file_report(const std::string& path) {
   json list = json::array();
   if (path.size() > 12 && path.compare(path.size() - 12, 12, ".safetensors") == 0) {
     j["kind"] = "safetensors file";
-    SafetensorsFile f = SafetensorsFile::open(path);
-    for (const auto& t : f.tensors())
-      list.push_back({{"name", t.name}, {"dtype", dtype_name(t.dtype)}, {"shape", t.shape}, {"bytes", t.nbytes}});
+    list = safetensors_tensor_list(path);
   } else {
     j["kind"] = "torch.save file";
     TorchFile f = TorchFile::open(path);
@@ -282,13 +292,20 @@ json report(const std::string& path, bool with_tensors, int& exit_code) {
                           {"file", fs::path(w.path_of(ref)).filename().string()}, {"bytes", ref.tensor->nbytes}});
         j["tensor_list"] = list;
       }
+      next.push_back("shardmerge verify --local_dir CHECKPOINT_DIR --test_hf_dir " + quote(path) +
+                     "   # is this the merge of that checkpoint?");
+      next.push_back("shardmerge diff " + quote(path) + " OTHER_HF_DIR   # which tensors differ, and by how much");
       break;
     }
     case layouts::Kind::PeftAdapter: {
       const auto& a = std::get<layouts::PeftAdapter>(layout.info);
       j["adapter_config"] = a.config;
       j["weights_file"] = a.weights_file;
+      if (with_tensors && a.weights_file.size() > 12 &&
+          a.weights_file.compare(a.weights_file.size() - 12, 12, ".safetensors") == 0)
+        j["tensor_list"] = safetensors_tensor_list(a.weights_file);
       next.push_back("shardmerge fold-lora --base BASE_HF_DIR --adapter " + quote(path) + " --target_dir OUT");
+      next.push_back("shardmerge diff " + quote(path) + " OTHER_ADAPTER_DIR   # which tensors differ, and by how much");
       break;
     }
     case layouts::Kind::Unknown:
@@ -301,33 +318,79 @@ json report(const std::string& path, bool with_tensors, int& exit_code) {
   return j;
 }
 
+// A report value as text: scalars as they read, lists comma-separated; objects are nested
+// lines (see print_entry), never JSON.
+std::string scalar_text(const json& v) {
+  if (v.is_string()) return v.get<std::string>();
+  if (v.is_boolean()) return v.get<bool>() ? "yes" : "no";
+  if (v.is_null()) return "-";
+  return v.dump();
+}
+
+bool is_flat_list(const json& v) {
+  if (!v.is_array()) return false;
+  for (const auto& e : v)
+    if (e.is_structured()) return false;
+  return true;
+}
+
+void print_entry(const std::string& key, const json& value, int indent) {
+  const std::string label = key + ":";
+  if (!value.empty() && (value.is_object() || (value.is_array() && !is_flat_list(value)))) {
+    std::printf("%*s%s\n", indent, "", label.c_str());
+    size_t i = 0;
+    for (const auto& [k, v] : value.items())
+      if (!v.is_null()) print_entry(value.is_array() ? std::to_string(i++) : k, v, indent + 2);
+    return;
+  }
+  std::string text;
+  if (value.is_structured()) {  // a flat list, or an empty object
+    for (const auto& e : value) text += (text.empty() ? "" : ", ") + scalar_text(e);
+    if (text.empty()) text = "none";
+  } else {
+    text = scalar_text(value);
+  }
+  std::printf("%*s%-*s %s\n", indent, "", std::max(0, 21 - indent), label.c_str(), text.c_str());
+}
+
 void print_human(const json& j) {
   std::printf("%s: %s\n", j["path"].get<std::string>().c_str(), j["kind"].get<std::string>().c_str());
-  auto line = [](const char* key, const std::string& value) { std::printf("  %-18s %s\n", key, value.c_str()); };
   for (const auto& [key, value] : j.items()) {
-    if (key == "path" || key == "kind" || key == "warnings" || key == "next" || key == "tensor_list") continue;
+    if (key == "path" || key == "kind" || key == "warnings" || key == "next" || key == "tensor_list" || key == "tensors")
+      continue;
     if (key == "lora") {
-      for (const auto& l : value) line("lora:", l.get<std::string>());
+      for (const auto& l : value) print_entry("lora", l, 2);
       continue;
     }
     if (key == "steps") {
       std::string s;
       for (const auto& st : value) s += (s.empty() ? "" : ", ") + std::to_string(st["step"].get<int64_t>());
-      line("steps:", s);
+      print_entry("steps", s, 2);
+      continue;
+    }
+    if (key == "adapter_config") {  // what decides the fold; --json has the whole file
+      json shown = json::object();
+      for (const char* k : {"peft_type", "r", "lora_alpha", "use_rslora", "target_modules", "rank_pattern", "alpha_pattern",
+                            "fan_in_fan_out", "modules_to_save", "base_model_name_or_path"})
+        if (value.contains(k) && !value[k].is_null()) shown[k] = value[k];
+      print_entry(key, shown, 2);
       continue;
     }
     if (key == "source_tensor_bytes") {
-      line("tensor bytes:", format_bytes(value.get<uint64_t>()));
+      print_entry("tensor bytes", format_bytes(value.get<uint64_t>()), 2);
       continue;
     }
-    std::string text = value.is_string() ? value.get<std::string>() : value.dump();
-    line((key + ":").c_str(), text);
+    print_entry(key, value, 2);
   }
+  // The count and, with --tensors, the list under one "tensors:" line.
+  if (j.contains("tensors") || j.contains("tensor_list"))
+    print_entry("tensors", j.contains("tensors") ? j["tensors"] : json(j["tensor_list"].size()), 2);
   if (j.contains("tensor_list")) {
-    std::printf("  tensors:\n");
     for (const auto& t : j["tensor_list"]) {
+      std::string shape;
+      for (const auto& d : t["shape"]) shape += (shape.empty() ? "" : ",") + d.dump();
       std::printf("    %-60s %-9s %-18s %10s  %s\n", t["name"].get<std::string>().c_str(),
-                  t["dtype"].get<std::string>().c_str(), t["shape"].dump().c_str(),
+                  t["dtype"].get<std::string>().c_str(), ("[" + shape + "]").c_str(),
                   format_bytes(t["bytes"].get<uint64_t>()).c_str(),
                   t.contains("placement") ? t["placement"].get<std::string>().c_str()
                                           : t.value("file", std::string()).c_str());

@@ -4,12 +4,18 @@
 
 #include "cli/commands.hpp"
 #include "shardmerge/error.hpp"
+#include "util/interrupt.hpp"
+#include "util/printable.hpp"
 
 int main(int argc, char** argv) {
   using namespace shardmerge;
+  // First, before any thread exists: every thread then inherits the blocked signals.
+  interrupt::install_handler();
   CLI::App app{"shardmerge: merge distributed training checkpoints (verl FSDP, Megatron) into HuggingFace safetensors"};
   app.require_subcommand(1);
   app.set_version_flag("--version", "shardmerge 0.1.0");
+  // Every option's default is part of its --help line (subcommands inherit this).
+  app.option_defaults()->always_capture_default();
   cli::Runner run;
   cli::add_inspect(app, run);
   cli::add_plan(app, run);
@@ -20,16 +26,18 @@ int main(int argc, char** argv) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    const int code = app.exit(e);
-    return code == 0 ? 0 : static_cast<int>(ExitCode::usage);
+    if (e.get_exit_code() == 0) return app.exit(e);  // --help, --version
+    // One line, like every other error; CLI11's messages name the flag ("--dtype: foo not in {...}").
+    std::fprintf(stderr, "shardmerge: error: %s (see --help)\n", printable(e.what()).c_str());
+    return static_cast<int>(ExitCode::usage);
   }
   try {
     return run();
   } catch (const Error& e) {
-    std::fprintf(stderr, "shardmerge: error: %s\n", e.what());
+    std::fprintf(stderr, "shardmerge: error: %s\n", printable(e.what()).c_str());
     return static_cast<int>(e.exit_code());
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "shardmerge: error: %s\n", e.what());
+    std::fprintf(stderr, "shardmerge: error: %s\n", printable(e.what()).c_str());
     return static_cast<int>(ExitCode::failure);
   }
 }

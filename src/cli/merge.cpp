@@ -1,12 +1,17 @@
 // `shardmerge plan` (print the MergePlan) and `shardmerge merge` (run it).
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
+#include <cstring>
+#include <filesystem>
 #include <iostream>
 #include <memory>
 
 #include "cli/commands.hpp"
 #include "cli/merge_options.hpp"
-#include "formats/hf_index.hpp"
 #include "plan/sharding.hpp"
 #include "shardmerge/error.hpp"
 #include "shardmerge/executor.hpp"
@@ -14,7 +19,7 @@
 #include "util/rss.hpp"
 #include "util/trace.hpp"
 #include "util/units.hpp"
-#include "verify/compare.hpp"
+#include "verify/reference_verify.hpp"
 #include "write/hf_tree_writer.hpp"
 
 namespace shardmerge::cli {
@@ -27,6 +32,7 @@ void print_plan_human(const PlannedMerge& pm, int verbose) {
   const MergePlan& p = pm.plan;
   std::printf("source: %s\nlayout: %s\n", p.source_dir.c_str(), p.layout.c_str());
   for (const auto& n : p.notes) std::printf("note: %s\n", n.c_str());
+  for (const auto& w : p.warnings) std::fprintf(stderr, "shardmerge: warning: %s\n", w.c_str());
   std::printf("output: %zu tensors in %zu files, %s to read, %s to write\n", p.tensors.size(), p.files.size(),
               format_bytes(p.bytes_read()).c_str(), format_bytes(p.bytes_written()).c_str());
   for (const auto& t : p.tensors) {
@@ -47,21 +53,59 @@ struct MergeCli {
   ExecCliOptions exec;
 };
 
+// verl's merger writes to ./tmp when --target_dir is not given; shardmerge does too, but says so.
+ExecCliOptions with_target(ExecCliOptions o) {
+  if (!o.target.empty()) return o;
+  o.target = kDefaultTarget;
+  std::fprintf(stderr, "shardmerge: warning: no --target_dir given: writing to %s (verl's default)\n",
+               std::filesystem::absolute(o.target).lexically_normal().c_str());
+  return o;
+}
+
+// The trace is written after the merge; a path that cannot take it must fail before any work.
+// Opening it is the only test that holds for every cause (missing dir, directory, read-only
+// filesystem, permissions, root); a file this creates is removed again.
+void check_profile_path(const std::string& path) {
+  std::error_code ec;
+  const bool existed = std::filesystem::exists(path, ec);
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC, 0644);
+  if (fd < 0) throw usage_error("--profile " + path + ": cannot write there: " + std::strerror(errno));
+  ::close(fd);
+  if (!existed) ::unlink(path.c_str());
+}
+
+// What the executor reports to the progress bar: tensor data, not headers.
+uint64_t tensor_bytes(const MergePlan& plan) {
+  uint64_t n = 0;
+  for (const auto& t : plan.tensors) n += t.nbytes;
+  return n;
+}
+
 }  // namespace
 
 void add_exec_options(CLI::App* cmd, ExecCliOptions& o) {
-  cmd->add_option("--target_dir,--target-dir", o.target, "Output directory (created atomically)");
-  cmd->add_option("--threads", o.threads, "Worker threads (default: two per core)");
-  cmd->add_option("--memory-limit,--memory_limit", o.memory_limit, "Peak resident memory, e.g. 512MiB, 2GB");
+  cmd->add_option("--target_dir,--target-dir", o.target,
+                  "Output directory (created atomically); when not given, verl's default, said on stderr")
+      ->default_str(kDefaultTarget);
+  cmd->add_option("--threads", o.threads, "Worker threads; 0: two per core the process may run on");
+  cmd->add_option("--memory-limit,--memory_limit", o.memory_limit, "Peak resident memory, e.g. 512MiB, 2GB")
+      ->check(byte_size_check());
   add_device_options(cmd, o.device, o.gpu_memory);
-  cmd->add_option("--profile", o.profile, "Write a Chrome trace of the phases to this file");
+  cmd->add_option("--profile", o.profile, "Write a Chrome trace of the phases to this file (default: none)");
   cmd->add_flag("--json", o.json, "Print the summary as JSON");
-  cmd->add_flag("--verify", o.verify, "After writing, re-read the source and compare every output byte");
+  cmd->add_flag("--verify", o.verify,
+                "After writing, compare every output element with the checkpoint assembled from its own metadata "
+                "(independently of the merge plan)");
   cmd->add_flag("--force", o.force, "Replace a non-empty target directory");
+  cmd->add_flag("--no-crc,--no_crc", o.no_crc,
+                "Do not check the zip CRC-32 of the records read (default: every torch.save record read is checked, "
+                "whole; same-dtype copies then go through memory instead of copy_file_range)");
 }
 
-int write_merge(const std::function<PlannedMerge()>& make_plan, const ExecCliOptions& o) {
+int write_merge(const std::function<PlannedMerge()>& make_plan, const ExecCliOptions& given) {
   const auto start = Clock::now();
+  if (!given.profile.empty()) check_profile_path(given.profile);
+  const ExecCliOptions o = with_target(given);
   Trace trace(!o.profile.empty());
   const std::optional<dist::LaunchInfo> launch = dist::launch_from_environment();
   // Under a launcher, `--device cuda` means this process's own GPU, one process per GPU.
@@ -70,6 +114,7 @@ int write_merge(const std::function<PlannedMerge()>& make_plan, const ExecCliOpt
   ExecOptions exec;
   exec.threads = o.threads;
   exec.memory_limit = parse_size(o.memory_limit);
+  exec.check_crc = !o.no_crc;
   exec.trace = &trace;
   if (launch) {
     if (!o.profile.empty()) throw usage_error("--profile is not available in a multi-process merge");
@@ -78,11 +123,14 @@ int write_merge(const std::function<PlannedMerge()>& make_plan, const ExecCliOpt
   }
 
   PlannedMerge pm;
+  const auto plan_start = Clock::now();
   {
     auto scope = trace.scope("plan");
     pm = make_plan();
   }
+  const double plan_secs = seconds_since(plan_start);
   const MergePlan& plan = pm.plan;
+  for (const auto& w : plan.warnings) std::fprintf(stderr, "shardmerge: warning: %s\n", w.c_str());
   if (!o.json) {
     std::printf("shardmerge: %s\n  source: %s\n  executor: %s\n", plan.layout.c_str(), pm.role_dir.c_str(),
                 chosen.description.c_str());
@@ -94,26 +142,28 @@ int write_merge(const std::function<PlannedMerge()>& make_plan, const ExecCliOpt
   for (const std::string& d : pm.other_source_dirs) writer.refuse_overlap(d);
   writer.create(plan);
   Executor& executor = *chosen.executor;
-  Progress progress("merging", plan.bytes_written(), !o.json && Progress::stderr_is_tty());
+  Progress progress("merging", tensor_bytes(plan), !o.json && Progress::stderr_is_tty());
   exec.progress = &progress;
+  const auto write_start = Clock::now();
   const ExecStats stats = executor.run(plan, writer, exec);
   progress.finish();
+  const double write_secs = seconds_since(write_start);
+  const auto commit_start = Clock::now();
   {
     auto scope = trace.scope("fsync");
     writer.commit(plan);
   }
+  const double commit_secs = seconds_since(commit_start);
   const double secs = seconds_since(start);
 
-  std::optional<TreeDiff> check;
+  std::optional<ReferenceCheck> check;
+  const auto verify_start = Clock::now();
+  double verify_secs = 0;
   if (o.verify) {
-    // Re-plan against the written tree and compare every byte (reads the source once more).
+    // Every element against the checkpoint assembled from its own metadata (reads it again).
     auto scope = trace.scope("verify");
-    HfWeights written = open_hf_weights(o.target);
-    CompareSink sink(plan, written, 0.0);
-    ExecOptions again = exec;
-    again.progress = nullptr;
-    executor.run(plan, sink, again);
-    check = sink.result();
+    check = verify_against_sources(pm, o.target);
+    verify_secs = seconds_since(verify_start);
   }
   if (!o.profile.empty()) trace.write(o.profile);
 
@@ -132,20 +182,34 @@ int write_merge(const std::function<PlannedMerge()>& make_plan, const ExecCliOpt
     j["gb_per_s"] = secs > 0 ? static_cast<double>(stats.bytes_read + plan.bytes_written()) / secs / 1e9 : 0;
     j["peak_rss_bytes"] = peak;
     j["lora_folds"] = stats.lora_folds;
+    j["crc_checked_records"] = stats.records_checked;
     j["notes"] = plan.notes;
-    if (check) j["verified"] = check->equal();
+    j["warnings"] = plan.warnings;
+    if (check) {
+      j["verified"] = check->diff.equal();
+      j["verify"] = check->summary();
+    }
     std::cout << j.dump(2) << "\n";
   } else {
-    std::printf("shardmerge: merged %zu tensors into %s: read %s, wrote %s in %.2f s (%s), peak RSS %.1f MiB\n",
+    std::printf("shardmerge: merged %zu tensors into %s: %s read + %s written in %.2f s (%s read+written), peak RSS "
+                "%.1f MiB\n",
                 plan.tensors.size(), o.target.c_str(), format_bytes(stats.bytes_read).c_str(),
                 format_bytes(plan.bytes_written()).c_str(), secs,
                 format_rate(stats.bytes_read + plan.bytes_written(), secs).c_str(), static_cast<double>(peak) / (1 << 20));
+    if (o.verbose > 0) {
+      std::printf("shardmerge: phases: plan %.3f s, write %.3f s, fsync+rename %.3f s", plan_secs, write_secs, commit_secs);
+      if (o.verify) std::printf(", verify %.3f s", verify_secs);
+      std::printf("\n");
+      for (const auto& t : plan.tensors)
+        std::printf("  %-60s %-9s %-18s %s\n", t.name.c_str(), std::string(dtype_name(t.dtype)).c_str(),
+                    shape_string(t.shape).c_str(), plan.files[t.file].name.c_str());
+    }
     if (check) {
-      if (check->equal()) std::printf("shardmerge: verified: every output tensor equals the source bit for bit\n");
-      for (const auto& l : check->report(20)) std::printf("  %s\n", l.c_str());
+      if (check->diff.equal()) std::printf("shardmerge: %s\n", check->summary().c_str());
+      for (const auto& l : check->diff.report(20)) std::printf("  %s\n", l.c_str());
     }
   }
-  if (check && !check->equal()) throw Error("verification failed: the written output differs from the source");
+  if (check && !check->diff.equal()) throw Error("verification failed: the written output differs from the source");
   return 0;
 }
 
@@ -171,6 +235,7 @@ void add_merge(CLI::App& app, Runner& run) {
   add_merge_options(cmd, o->common);
   add_exec_options(cmd, o->exec);
   cmd->callback([&run, o] {
+    o->exec.verbose = o->common.verbose;
     run = [o] { return write_merge([o] { return plan_merge(to_request(o->common)); }, o->exec); };
   });
 }

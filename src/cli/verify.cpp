@@ -1,6 +1,8 @@
 // `shardmerge verify` (verl's `test`): does an HF directory hold exactly what merging this
-// checkpoint gives? And `shardmerge diff A B`: do two HF directories hold the same tensors?
+// checkpoint gives? And `shardmerge diff A B`: do two HF models, PEFT adapters or safetensors
+// files hold the same tensors?
 #include <cstdio>
+#include <filesystem>
 #include <iostream>
 #include <memory>
 
@@ -9,32 +11,100 @@
 #include "formats/hf_index.hpp"
 #include "shardmerge/error.hpp"
 #include "shardmerge/executor.hpp"
+#include "util/file.hpp"
 #include "util/units.hpp"
 #include "verify/compare.hpp"
+#include "verify/reference_verify.hpp"
 
 namespace shardmerge::cli {
 namespace {
 
-// `executor`: which one produced the expected bytes (verify), empty for diff.
-int print_result(const TreeDiff& d, const std::string& what, bool as_json, const std::string& executor = "") {
+using json = nlohmann::json;
+
+// `what_was_compared`: verify's one line on its route, empty for diff. `verbose`: a line for every
+// tensor compared, equal or not.
+int print_result(const TreeDiff& d, const std::string& what, bool as_json, const std::string& what_was_compared = "",
+                 int verbose = 0) {
   if (as_json) {
     nlohmann::ordered_json j;
     j["equal"] = d.equal();
-    if (!executor.empty()) j["executor"] = executor;
+    if (!what_was_compared.empty()) j["compared"] = what_was_compared;
     j["missing"] = d.missing;
     j["unexpected"] = d.unexpected;
     j["metadata_mismatch"] = d.mismatched_meta;
+    if (!what_was_compared.empty()) j["not_covered"] = d.not_covered;
+    if (what_was_compared.empty()) j["compared_as_fp32"] = d.compared_as_fp32;
     auto& v = j["tensors"] = nlohmann::ordered_json::object();
     for (const auto& [name, t] : d.values)
       v[name] = {{"elements", t.elements}, {"mismatched", t.mismatched}, {"max_abs_error", t.max_abs_error}};
     std::cout << j.dump(2) << "\n";
   } else {
-    if (!executor.empty()) std::printf("shardmerge: executor: %s\n", executor.c_str());
+    if (verbose > 0)
+      for (const auto& [name, t] : d.values) {
+        const std::string state = t.mismatched ? std::to_string(t.mismatched) + " of " + std::to_string(t.elements) +
+                                                     " elements differ, max abs error " + std::to_string(t.max_abs_error)
+                                               : std::to_string(t.elements) + " elements equal";
+        std::printf("  %s: %s\n", name.c_str(), state.c_str());
+      }
+    for (const auto& l : d.compared_as_fp32) std::printf("compared as fp32: %s\n", l.c_str());
     for (const auto& l : d.report(50)) std::printf("%s\n", l.c_str());
+    if (!what_was_compared.empty() && d.equal()) std::printf("shardmerge: %s\n", what_was_compared.c_str());
     std::printf("shardmerge: %s: %s (%zu tensors compared)\n", what.c_str(), d.equal() ? "equal" : "DIFFERENT",
                 d.values.size());
   }
   return d.equal() ? 0 : 1;
+}
+
+// One side of `diff`: its tensors and, for a PEFT adapter, its adapter_config.json (r and alpha
+// change what the same tensors mean).
+struct DiffSide {
+  HfWeights weights;
+  json adapter_config;
+};
+
+HfWeights open_single_file(const std::string& path) {
+  HfWeights w;
+  w.dir = std::filesystem::path(path).parent_path().string();
+  w.files.push_back(SafetensorsFile::open(path));
+  for (const auto& t : w.files[0].tensors()) w.tensors.emplace(t.name, HfWeights::Ref{0, &t});
+  return w;
+}
+
+DiffSide open_diff_side(const std::string& path) {
+  namespace fs = std::filesystem;
+  DiffSide side;
+  const fs::path dir(path);
+  std::error_code ec;
+  if (fs::is_regular_file(dir, ec)) {
+    side.weights = open_single_file(path);
+    return side;
+  }
+  const bool model = fs::exists(dir / "model.safetensors", ec) || fs::exists(dir / "model.safetensors.index.json", ec);
+  if (model || !fs::exists(dir / "adapter_config.json", ec)) {
+    side.weights = open_hf_weights(path);
+    return side;
+  }
+  const fs::path weights = dir / "adapter_model.safetensors";
+  if (!fs::is_regular_file(weights, ec))
+    throw Error("PEFT adapter without adapter_model.safetensors (only safetensors adapters can be compared)").file(path);
+  side.weights = open_single_file(weights.string());
+  const std::string config_path = (dir / "adapter_config.json").string();
+  try {
+    side.adapter_config = json::parse(read_small_file(config_path));
+  } catch (const json::exception& e) {
+    throw Error(std::string("not valid JSON: ") + e.what()).file(config_path);
+  }
+  return side;
+}
+
+// Top-level keys whose values differ (or that one side lacks).
+std::vector<std::string> differing_keys(const json& a, const json& b) {
+  std::vector<std::string> keys;
+  for (const auto& [k, v] : a.items())
+    if (!b.contains(k) || b[k] != v) keys.push_back(k);
+  for (const auto& [k, v] : b.items())
+    if (!a.contains(k)) keys.push_back(k);
+  return keys;
 }
 
 struct VerifyCli {
@@ -42,17 +112,12 @@ struct VerifyCli {
   std::string test_dir;
   double atol = 0;
   bool json = false;
-  std::string device = "cpu";
-  std::string gpu_memory = "auto";
 };
 
 int run_verify(const VerifyCli& o) {
-  const ChosenExecutor chosen = choose_executor(o.device, o.gpu_memory);
-  PlannedMerge pm = plan_merge(to_request(o.common));
-  HfWeights reference = open_hf_weights(o.test_dir);
-  CompareSink sink(pm.plan, reference, o.atol);
-  chosen.executor->run(pm.plan, sink, ExecOptions{});
-  return print_result(sink.result(), pm.role_dir + " vs " + o.test_dir, o.json, chosen.description);
+  const PlannedMerge pm = plan_merge(to_request(o.common));
+  const ReferenceCheck check = verify_against_sources(pm, o.test_dir, o.atol);
+  return print_result(check.diff, pm.role_dir + " vs " + o.test_dir, o.json, check.summary(), o.common.verbose);
 }
 
 }  // namespace
@@ -64,27 +129,41 @@ void add_verify(CLI::App& app, Runner& run) {
                                              : "Check that an HF directory equals the merge of a checkpoint (keys, shapes, dtypes, values)");
     auto o = std::make_shared<VerifyCli>();
     add_merge_options(cmd, o->common);
-    cmd->add_option("--test_hf_dir,--test-hf-dir", o->test_dir, "HF directory to check")->required();
-    cmd->add_option("--atol", o->atol, "Accept floating-point differences up to this (default: bitwise)");
+    cmd->add_option("--test_hf_dir,--test-hf-dir", o->test_dir, "HF directory to check")
+        ->required()
+        ->check(CLI::ExistingDirectory);
+    cmd->add_option("--atol", o->atol, "Accept floating-point differences up to this (0: bitwise)")
+        ->check(CLI::NonNegativeNumber);
     cmd->add_flag("--json", o->json, "Print the result as JSON");
-    add_device_options(cmd, o->device, o->gpu_memory);
     cmd->callback([&run, o] { run = [o] { return run_verify(*o); }; });
   }
 }
 
 void add_diff(CLI::App& app, Runner& run) {
-  auto* cmd = app.add_subcommand("diff", "Compare the tensors of two HF directories");
+  auto* cmd = app.add_subcommand(
+      "diff", "Compare the tensors of two HF model directories, PEFT adapter directories or .safetensors files");
   auto a = std::make_shared<std::string>(), b = std::make_shared<std::string>();
   auto atol = std::make_shared<double>(0);
   auto as_json = std::make_shared<bool>(false);
-  cmd->add_option("hf_a", *a, "First HF directory")->required();
-  cmd->add_option("hf_b", *b, "Second HF directory")->required();
-  cmd->add_option("--atol", *atol, "Accept floating-point differences up to this (default: bitwise)");
+  auto verbose = std::make_shared<int>(0);
+  const char* what = "HF model directory, PEFT adapter directory (adapter_model.safetensors) or .safetensors file";
+  cmd->add_option("hf_a", *a, std::string("First ") + what)->required()->check(CLI::ExistingPath);
+  cmd->add_option("hf_b", *b, std::string("Second ") + what)->required()->check(CLI::ExistingPath);
+  cmd->add_option("--atol", *atol,
+                  "Accept floating-point differences up to this; values are then compared as fp32, so tensors of "
+                  "different float dtypes are compared too (0: bitwise)")
+      ->check(CLI::NonNegativeNumber);
   cmd->add_flag("--json", *as_json, "Print the result as JSON");
-  cmd->callback([&run, a, b, atol, as_json] {
-    run = [a, b, atol, as_json] {
-      HfWeights wa = open_hf_weights(*a), wb = open_hf_weights(*b);
-      return print_result(diff_trees(wa, wb, *atol), *a + " vs " + *b, *as_json);
+  cmd->add_flag("-v,--verbose", *verbose, "A line for every tensor compared, equal or not");
+  cmd->callback([&run, a, b, atol, as_json, verbose] {
+    run = [a, b, atol, as_json, verbose] {
+      const DiffSide sa = open_diff_side(*a), sb = open_diff_side(*b);
+      TreeDiff d = diff_trees(sa.weights, sb.weights, *atol);
+      if (sa.adapter_config.is_object() && sb.adapter_config.is_object())
+        for (const auto& key : differing_keys(sa.adapter_config, sb.adapter_config))
+          d.mismatched_meta.push_back("adapter_config.json: \"" + key + "\" is " + sa.adapter_config.value(key, json()).dump() +
+                                      " vs " + sb.adapter_config.value(key, json()).dump());
+      return print_result(d, *a + " vs " + *b, *as_json, "", *verbose);
     };
   });
 }

@@ -1,5 +1,5 @@
-// The CPU executor: a pool of threads pulling Tasks. Runs go file to file (copy_file_range,
-// or pread + cast + pwrite); slabs gather through bounded staging; LoRA folds run slab by
+// The CPU executor: a pool of threads pulling Tasks. Runs go file to file (pread + CRC-32
+// [+ cast] + pwrite; copy_file_range for same-dtype runs with --no-crc); slabs gather through bounded staging; LoRA folds run slab by
 // slab through an fp32 sgemm. All staging comes from one budget derived from --memory-limit.
 
 #include <algorithm>
@@ -76,6 +76,9 @@ class MemoryBudget {
 // Per-worker memory that fold tasks need beyond the two staging buffers (all of A or B, and
 // the slab's rows of the other): grown from the budget on demand, kept for the next task,
 // given back when the worker ends. Reusing it avoids page-faulting fresh memory per task.
+// Growing gives the old buffer back before waiting for the larger one: a worker that held its
+// old share while waiting could wait for itself (one thread, a limit below old + new) or for
+// another worker waiting the same way.
 class FoldScratch {
  public:
   explicit FoldScratch(MemoryBudget& budget) : budget_(budget) {}
@@ -84,10 +87,15 @@ class FoldScratch {
   }
   uint8_t* reserve(size_t bytes) {
     if (!buffer_ || buffer_->size < bytes) {
-      budget_.acquire(bytes);
       if (buffer_) budget_.release(buffer_->size);
       buffer_.reset();
-      buffer_ = std::make_unique<AlignedBuffer>(bytes);
+      budget_.acquire(bytes);
+      try {
+        buffer_ = std::make_unique<AlignedBuffer>(bytes);
+      } catch (...) {
+        budget_.release(bytes);
+        throw;
+      }
     }
     return buffer_->data;
   }
@@ -100,7 +108,7 @@ class FoldScratch {
 class CpuRun {
  public:
   CpuRun(const MergePlan& plan, const OutputSink& out, const ExecOptions& opt)
-      : plan_(plan), out_(out), opt_(opt), files_(plan.sources), sources_(files_.fds()) {
+      : plan_(plan), out_(out), opt_(opt), files_(plan, opt.check_crc), sources_(files_.fds()) {
     // Two staging buffers per worker (read, convert) take half of what the limit leaves;
     // fold tasks draw on the other half. Workers beyond what that half holds at one task's
     // size each are not started: the memory limit wins over --threads.
@@ -129,6 +137,7 @@ class CpuRun {
     for (auto& w : workers) w.join();
     if (error_) std::rethrow_exception(error_);
     ExecStats stats;
+    stats.records_checked = files_.finish();
     stats.bytes_read = bytes_read_.load();
     stats.bytes_written = bytes_written_.load();
     stats.tasks = tasks_.size();
@@ -172,17 +181,17 @@ class CpuRun {
     const OutputTensor& out = plan_.tensors[t.tensor];
     const uint64_t in_bytes = t.count * dtype_size(t.src_dtype);
     const uint64_t out_bytes = t.count * dtype_size(out.dtype);
-    const int src_fd = sources_.fds[t.src_file];
     if (t.src_dtype == out.dtype) {
       auto scope = trace("copy", in_bytes);
-      if (!out_.copy_from(src_fd, t.src_offset, out.file, t.dst_offset, in_bytes)) {
-        pread_exact(src_fd, t.src_offset, read.data, in_bytes, sources_.names[t.src_file]);
+      // copy_file_range keeps the bytes in the kernel, where they cannot be checked.
+      if (sources_.checks_reads() || !out_.copy_from(sources_.fds[t.src_file], t.src_offset, out.file, t.dst_offset, in_bytes)) {
+        sources_.read(t.src_file, t.src_offset, read.data, in_bytes);
         out_.write(out.file, t.dst_offset, read.data, in_bytes);
       }
     } else {
       {
         auto scope = trace("read", in_bytes);
-        pread_exact(src_fd, t.src_offset, read.data, in_bytes, sources_.names[t.src_file]);
+        sources_.read(t.src_file, t.src_offset, read.data, in_bytes);
       }
       {
         auto scope = trace("cast", out_bytes);

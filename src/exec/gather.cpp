@@ -1,7 +1,6 @@
 #include "exec/gather.hpp"
 
 #include "exec/convert_cpu.hpp"
-#include "exec/io.hpp"
 #include "util/shape.hpp"
 
 namespace shardmerge {
@@ -74,9 +73,9 @@ uint64_t Gatherer::gather(const std::vector<Slice>& pieces, const Box& box, void
   for (const GatherRegion& r : gather_regions(pieces, box, staging_size_)) {
     uint8_t* at = static_cast<uint8_t*>(dst) + r.dst_index * dtype_size(to);
     if (r.dtype == to && is_dense_run(r, dst_strides)) {
-      pread_exact(sources_.fds[r.file], r.offset, at, r.span_bytes(), sources_.names[r.file]);
+      sources_.read(r.file, r.offset, at, r.span_bytes());
     } else {
-      pread_exact(sources_.fds[r.file], r.offset, staging_, r.span_bytes(), sources_.names[r.file]);
+      sources_.read(r.file, r.offset, staging_, r.span_bytes());
       convert_box(staging_, r.dtype, r.strides.data(), at, to, dst_strides.data(), r.extent.data(), r.extent.size());
     }
     read += r.numel() * dtype_size(r.dtype);

@@ -8,6 +8,7 @@
 #include "formats/zip.hpp"
 #include "shardmerge/error.hpp"
 #include "util/file.hpp"
+#include "util/file_stamp.hpp"
 #include "util/shape.hpp"
 
 namespace fs = std::filesystem;
@@ -55,28 +56,62 @@ std::string key_of(const std::string& fqn, const std::vector<int64_t>& offsets) 
   return fqn + "@" + shape_string(offsets);
 }
 
-// Streams a zstd frame from [offset, offset + length) of `in` into a new file.
-void zstd_decompress_to(const File& in, uint64_t offset, uint64_t length, const std::string& out_path) {
+// A decompressed item is a torch.save archive of the chunk's tensor: its storage plus a few
+// small records (data.pkl, byteorder, version, ...), zip headers and 64-byte alignment
+// padding, about 1.6 kB in torch 2.x. More than this beyond the storage is not a chunk.
+constexpr uint64_t kItemArchiveOverhead = 1 << 20;
+
+// The most bytes the torch.save archive of `chunk` can take: what .metadata declares.
+uint64_t declared_item_bound(const DcpTensor& tensor, const DcpChunk& chunk) {
+  uint64_t bytes = 0;
+  if (__builtin_mul_overflow(element_count(chunk.sizes), uint64_t{dtype_size(tensor.dtype)}, &bytes) ||
+      __builtin_add_overflow(bytes, kItemArchiveOverhead, &bytes))
+    throw Error("chunk of shape " + shape_string(chunk.sizes) + " has more than 2^64 bytes");
+  return bytes;
+}
+
+// Streams the one zstd frame in [offset, offset + length) of `in` into a new file, writing no
+// more than `max_output` bytes (a frame that decompresses to more is refused as it streams,
+// so a small frame cannot fill the disk). torch's stream.zstd transform writes one frame per
+// item; a frame that declares its content size must declare at most `max_output`, and hold
+// exactly that.
+void zstd_decompress_to(const File& in, uint64_t offset, uint64_t length, const std::string& out_path,
+                        uint64_t max_output) {
+  auto fail = [&](const std::string& what) { return Error("zstd item: " + what).file(in.path()).offset(offset); };
   std::unique_ptr<ZSTD_DCtx, size_t (*)(ZSTD_DCtx*)> ctx(ZSTD_createDCtx(), ZSTD_freeDCtx);
   File out = File::create(out_path, /*overwrite=*/true);
   const size_t in_chunk = ZSTD_DStreamInSize(), out_chunk = ZSTD_DStreamOutSize();
   std::string inbuf(in_chunk, '\0'), outbuf(out_chunk, '\0');
   uint64_t read = 0, written = 0;
+  unsigned long long declared = ZSTD_CONTENTSIZE_UNKNOWN;
   size_t last = 1;
   while (read < length) {
     const size_t n = static_cast<size_t>(std::min<uint64_t>(in_chunk, length - read));
     in.read_exact(offset + read, inbuf.data(), n);
+    if (read == 0) {
+      declared = ZSTD_getFrameContentSize(inbuf.data(), n);
+      if (declared == ZSTD_CONTENTSIZE_ERROR) declared = ZSTD_CONTENTSIZE_UNKNOWN;  // decoding says what is wrong
+      if (declared != ZSTD_CONTENTSIZE_UNKNOWN && declared > max_output)
+        throw fail("its frame declares " + std::to_string(declared) + " bytes, more than the " + std::to_string(max_output) +
+                   " that a torch.save of the chunk .metadata describes can take");
+    }
     read += n;
     ZSTD_inBuffer src{inbuf.data(), n, 0};
     while (src.pos < src.size) {
+      if (last == 0) throw fail(std::to_string(length - read + (src.size - src.pos)) + " bytes follow the end of its zstd frame");
       ZSTD_outBuffer dst{outbuf.data(), out_chunk, 0};
       last = ZSTD_decompressStream(ctx.get(), &dst, &src);
-      if (ZSTD_isError(last)) throw Error(std::string("zstd item is corrupt: ") + ZSTD_getErrorName(last)).file(in.path()).offset(offset);
+      if (ZSTD_isError(last)) throw fail(std::string("corrupt: ") + ZSTD_getErrorName(last));
+      if (dst.pos > max_output - written)
+        throw fail("decompresses to more than the " + std::to_string(max_output) +
+                   " bytes that a torch.save of the chunk .metadata describes can take");
       out.write_exact(written, outbuf.data(), dst.pos);
       written += dst.pos;
     }
   }
-  if (last != 0) throw Error("zstd item is truncated").file(in.path()).offset(offset);
+  if (last != 0) throw fail("truncated");
+  if (declared != ZSTD_CONTENTSIZE_UNKNOWN && declared != written)
+    throw fail("its frame declares " + std::to_string(declared) + " bytes but holds " + std::to_string(written));
 }
 
 }  // namespace
@@ -84,62 +119,65 @@ void zstd_decompress_to(const File& in, uint64_t offset, uint64_t length, const 
 DcpMetadata read_dcp_metadata(const std::string& dir) {
   const std::string path = (fs::path(dir) / ".metadata").string();
   try {
-    DcpMetadata meta;
-    meta.dir = dir;
-    const std::string data = read_small_file(path, kMaxMetadataBytes);
-    const pickle::Document doc = parse_torch_pickle(data);
-    const Value& root = doc.root();
-    if (!root.is_instance_of("torch.distributed.checkpoint.metadata", "Metadata"))
-      throw Error("not a torch.distributed.checkpoint Metadata pickle");
-
-    std::map<std::string, const Value*> storage;  // "fqn@[offsets]" -> _StorageInfo
-    for (const auto& [k, v] : require(&root, "storage_data", "Metadata").entries) {
-      const std::string fqn = require(k, "fqn", "MetadataIndex").as_str();
-      const Value* off = field(k, "offset");
-      storage[key_of(fqn, off && off->kind != Kind::None ? ints(*off, "MetadataIndex.offset") : std::vector<int64_t>{})] = v;
-    }
-    if (const Value* mcore = field(&root, "mcore_data"); mcore && mcore->kind == Kind::Dict)
-      for (const auto& [k, v] : mcore->entries)
-        if (k->kind == Kind::Str && v->kind == Kind::Dict)
-          if (const Value* shape = v->get("nd_reformulated_orig_global_shape"); shape && shape->is_sequence())
-            meta.reformulated_shapes[k->text] = ints(*shape, "nd_reformulated_orig_global_shape");
-
-    for (const auto& [k, v] : require(&root, "state_dict_metadata", "Metadata").entries) {
-      const std::string fqn = k->as_str();
-      if (v->is_instance_of("torch.distributed.checkpoint.metadata", "BytesStorageMetadata")) {
-        meta.bytes_items.push_back(fqn);
-        continue;
-      }
-      if (!v->is_instance_of("torch.distributed.checkpoint.metadata", "TensorStorageMetadata"))
-        throw Error("DCP metadata: entry '" + fqn + "' is neither tensor nor bytes metadata");
-      DcpTensor t;
-      t.fqn = fqn;
-      t.dtype = tensor_dtype(require(v, "properties", "TensorStorageMetadata"), fqn);
-      t.size = ints(require(v, "size", "TensorStorageMetadata"), "size");
-      for (const Value* c : require(v, "chunks", "TensorStorageMetadata").as_sequence()) {
-        DcpChunk chunk;
-        chunk.offsets = ints(require(c, "offsets", "ChunkStorageMetadata"), "chunk offsets");
-        chunk.sizes = ints(require(c, "sizes", "ChunkStorageMetadata"), "chunk sizes");
-        auto it = storage.find(key_of(fqn, chunk.offsets));
-        if (it == storage.end())
-          throw Error("DCP metadata: no storage entry for the chunk at " + shape_string(chunk.offsets)).tensor(fqn);
-        const Value* info = it->second;
-        chunk.relative_path = require(info, "relative_path", "_StorageInfo").as_str();
-        if (chunk.relative_path.find('/') != std::string::npos || chunk.relative_path.find("..") != std::string::npos)
-          throw Error("DCP metadata: item path '" + chunk.relative_path + "' leaves the checkpoint directory").tensor(fqn);
-        chunk.offset = static_cast<uint64_t>(require(info, "offset", "_StorageInfo").as_int());
-        chunk.length = static_cast<uint64_t>(require(info, "length", "_StorageInfo").as_int());
-        if (const Value* tr = field(info, "transform_descriptors"); tr && tr->kind != Kind::None)
-          for (const Value* d : tr->as_sequence()) chunk.transforms.push_back(d->as_str());
-        t.chunks.push_back(std::move(chunk));
-      }
-      meta.tensors.push_back(std::move(t));
-    }
-    return meta;
+    return parse_dcp_metadata(read_small_file(path, kMaxMetadataBytes), dir);
   } catch (Error& e) {
     e.file(path);
     throw;
   }
+}
+
+DcpMetadata parse_dcp_metadata(std::string_view data, const std::string& dir) {
+  DcpMetadata meta;
+  meta.dir = dir;
+  const pickle::Document doc = parse_torch_pickle(data);
+  const Value& root = doc.root();
+  if (!root.is_instance_of("torch.distributed.checkpoint.metadata", "Metadata"))
+    throw Error("not a torch.distributed.checkpoint Metadata pickle");
+
+  std::map<std::string, const Value*> storage;  // "fqn@[offsets]" -> _StorageInfo
+  for (const auto& [k, v] : require(&root, "storage_data", "Metadata").entries) {
+    const std::string fqn = require(k, "fqn", "MetadataIndex").as_str();
+    const Value* off = field(k, "offset");
+    storage[key_of(fqn, off && off->kind != Kind::None ? ints(*off, "MetadataIndex.offset") : std::vector<int64_t>{})] = v;
+  }
+  if (const Value* mcore = field(&root, "mcore_data"); mcore && mcore->kind == Kind::Dict)
+    for (const auto& [k, v] : mcore->entries)
+      if (k->kind == Kind::Str && v->kind == Kind::Dict)
+        if (const Value* shape = v->get("nd_reformulated_orig_global_shape"); shape && shape->is_sequence())
+          meta.reformulated_shapes[k->text] = ints(*shape, "nd_reformulated_orig_global_shape");
+
+  for (const auto& [k, v] : require(&root, "state_dict_metadata", "Metadata").entries) {
+    const std::string fqn = k->as_str();
+    if (v->is_instance_of("torch.distributed.checkpoint.metadata", "BytesStorageMetadata")) {
+      meta.bytes_items.push_back(fqn);
+      continue;
+    }
+    if (!v->is_instance_of("torch.distributed.checkpoint.metadata", "TensorStorageMetadata"))
+      throw Error("DCP metadata: entry '" + fqn + "' is neither tensor nor bytes metadata");
+    DcpTensor t;
+    t.fqn = fqn;
+    t.dtype = tensor_dtype(require(v, "properties", "TensorStorageMetadata"), fqn);
+    t.size = ints(require(v, "size", "TensorStorageMetadata"), "size");
+    for (const Value* c : require(v, "chunks", "TensorStorageMetadata").as_sequence()) {
+      DcpChunk chunk;
+      chunk.offsets = ints(require(c, "offsets", "ChunkStorageMetadata"), "chunk offsets");
+      chunk.sizes = ints(require(c, "sizes", "ChunkStorageMetadata"), "chunk sizes");
+      auto it = storage.find(key_of(fqn, chunk.offsets));
+      if (it == storage.end())
+        throw Error("DCP metadata: no storage entry for the chunk at " + shape_string(chunk.offsets)).tensor(fqn);
+      const Value* info = it->second;
+      chunk.relative_path = require(info, "relative_path", "_StorageInfo").as_str();
+      if (chunk.relative_path.find('/') != std::string::npos || chunk.relative_path.find("..") != std::string::npos)
+        throw Error("DCP metadata: item path '" + chunk.relative_path + "' leaves the checkpoint directory").tensor(fqn);
+      chunk.offset = static_cast<uint64_t>(require(info, "offset", "_StorageInfo").as_int());
+      chunk.length = static_cast<uint64_t>(require(info, "length", "_StorageInfo").as_int());
+      if (const Value* tr = field(info, "transform_descriptors"); tr && tr->kind != Kind::None)
+        for (const Value* d : tr->as_sequence()) chunk.transforms.push_back(d->as_str());
+      t.chunks.push_back(std::move(chunk));
+    }
+    meta.tensors.push_back(std::move(t));
+  }
+  return meta;
 }
 
 DcpChunkData locate_dcp_chunk(const DcpMetadata& meta, const DcpTensor& tensor, const DcpChunk& chunk,
@@ -158,15 +196,15 @@ DcpChunkData locate_dcp_chunk(const DcpMetadata& meta, const DcpTensor& tensor, 
         throw Error("item uses storage transform '" + chunk.transforms[0] + "', which shardmerge does not know");
       fs::create_directories(scratch_dir);
       out.path = (fs::path(scratch_dir) / (chunk.relative_path + "." + std::to_string(chunk.offset) + ".item")).string();
-      zstd_decompress_to(file, chunk.offset, chunk.length, out.path);
+      zstd_decompress_to(file, chunk.offset, chunk.length, out.path, declared_item_bound(tensor, chunk));
       file = File::open_read(out.path);
       base = 0;
       length = file.size();
     }
-    out.file_size = file.size();
+    out.stamp = file_stamp(file);
     const TorchArchive archive = TorchArchive::read(file, base, length);
     const ZipEntry& pkl = archive.record("data.pkl");
-    const pickle::Document doc = parse_torch_pickle(file.read_string(pkl.data_offset, static_cast<size_t>(pkl.size)));
+    const pickle::Document doc = parse_torch_pickle(read_record_checked(file, pkl));
     const std::vector<StateEntry> entries = collect_tensors(doc.root());
     if (entries.size() != 1 || !entries[0].is_plain())
       throw Error("item is not a torch.save of one plain tensor");
@@ -175,7 +213,7 @@ DcpChunkData locate_dcp_chunk(const DcpMetadata& meta, const DcpTensor& tensor, 
     if (rec.size != out.view.storage_nbytes)
       throw Error("item's storage record has " + std::to_string(rec.size) + " bytes, its pickle says " +
                   std::to_string(out.view.storage_nbytes));
-    out.storage_offset_in_file = rec.data_offset;
+    out.record = rec;
     if (out.view.dtype != tensor.dtype)
       throw Error("chunk is " + std::string(dtype_name(out.view.dtype)) + " but .metadata says " +
                   std::string(dtype_name(tensor.dtype)));

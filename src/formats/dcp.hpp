@@ -8,9 +8,11 @@
 #include <cstdint>
 #include <map>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "formats/torch_pt.hpp"
+#include "formats/zip.hpp"
 #include "shardmerge/dtype.hpp"
 
 namespace shardmerge {
@@ -40,12 +42,14 @@ struct DcpMetadata {
 };
 
 DcpMetadata read_dcp_metadata(const std::string& dir);
+// The same from the bytes of a `.metadata` file; `dir` is only recorded.
+DcpMetadata parse_dcp_metadata(std::string_view data, const std::string& dir);
 
 // Where one chunk's elements are: a strided view into a storage record of some file.
 struct DcpChunkData {
   std::string path;               // file holding the storage bytes (the .distcp, or a scratch file)
-  uint64_t file_size = 0;
-  uint64_t storage_offset_in_file = 0;
+  FileStamp stamp;                // of that file, when it was opened
+  ZipEntry record;                // the storage record (absolute offsets in `path`)
   TensorView view;                // the chunk tensor (sizes == chunk.sizes, with leading singleton dims)
 };
 

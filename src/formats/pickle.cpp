@@ -88,15 +88,25 @@ const Value* Value::get(std::string_view key) const {
 
 // ---- Document ------------------------------------------------------------------------------
 
+void Document::charge(uint64_t bytes) {
+  if (bytes <= budget_ - charged_) {
+    charged_ += bytes;
+    return;
+  }
+  throw Error("pickle: its values need more than " + std::to_string(budget_ >> 20) + " MiB of memory for " +
+              std::to_string(input_bytes_) +
+              " bytes of pickle; it references its own data over and over, as no checkpoint does");
+}
+
 Value* Document::make(Kind kind) {
-  if (arena_.size() >= max_values_)
-    throw Error("pickle: more than " + std::to_string(max_values_) + " objects; refusing to continue");
+  charge(sizeof(Value));
   Value& v = arena_.emplace_back();
   v.kind = kind;
   return &v;
 }
 
 Value* Document::make_str(std::string text, Kind kind) {
+  charge(text.size());
   Value* v = make(kind);
   v->text = std::move(text);
   return v;
@@ -109,6 +119,7 @@ Value* Document::make_int(int64_t i) {
 }
 
 Value* Document::make_global(std::string module, std::string name) {
+  charge(module.size() + name.size());  // getattr() names grow by a memoized string each time
   Value* v = make(Kind::Global);
   v->text = std::move(module);
   v->name = std::move(name);
@@ -264,6 +275,7 @@ class Machine {
   }
 
   Value* tuple_of(std::vector<Value*> items) {
+    charge_slots(items.size());
     Value* t = doc_.make(Kind::Tuple);
     t->items = std::move(items);
     return t;
@@ -278,8 +290,11 @@ class Machine {
   }
 
   // -- helpers for containers ----------------------------------------------------------------
+  void charge_slots(uint64_t n) { doc_.charge(n * sizeof(Value*)); }
+
   void set_items(Value* target, const std::vector<Value*>& kv) {
     if (kv.size() % 2) fail("odd number of items for SETITEMS");
+    charge_slots(kv.size());
     if (target->kind != Kind::Dict && target->kind != Kind::Object) fail(std::string("SETITEM on a ") + kind_name(target->kind));
     for (size_t i = 0; i < kv.size(); i += 2) {
       bool replaced = false;
@@ -296,6 +311,7 @@ class Machine {
   void append_items(Value* target, const std::vector<Value*>& values) {
     if (target->kind != Kind::List && target->kind != Kind::Object && target->kind != Kind::Set)
       fail(std::string("APPEND on a ") + kind_name(target->kind));
+    charge_slots(values.size());
     target->items.insert(target->items.end(), values.begin(), values.end());
   }
 
@@ -326,14 +342,19 @@ class Machine {
     if (args.kind != Kind::Tuple) return nullptr;
     if (g.is_global("collections", "OrderedDict") || g.is_global("builtins", "dict")) {
       Value* d = doc_.make(Kind::Dict);
-      if (!a.empty() && a[0]->is_sequence())
+      if (!a.empty() && a[0]->is_sequence()) {
+        charge_slots(2 * a[0]->items.size());
         for (Value* pair : a[0]->items)
           if (pair->is_sequence() && pair->items.size() == 2) d->entries.emplace_back(pair->items[0], pair->items[1]);
+      }
       return d;
     }
     if (g.is_global("builtins", "set") || g.is_global("builtins", "frozenset")) {
       Value* s = doc_.make(g.name == "set" ? Kind::Set : Kind::FrozenSet);
-      if (!a.empty() && (a[0]->is_sequence() || a[0]->kind == Kind::Set)) s->items = a[0]->items;
+      if (!a.empty() && (a[0]->is_sequence() || a[0]->kind == Kind::Set)) {
+        charge_slots(a[0]->items.size());
+        s->items = a[0]->items;
+      }
       return s;
     }
     if (g.is_global("_codecs", "encode") && a.size() == 2 && a[0]->kind == Kind::Str && a[1]->kind == Kind::Str &&
@@ -540,7 +561,13 @@ void Machine::step() {
       bool negative = !line.empty() && line.front() == '-';
       std::string_view digits = line.substr(negative || (!line.empty() && line.front() == '+') ? 1 : 0);
       if (digits.empty() || digits.find_first_not_of("0123456789") != std::string_view::npos)
-        fail("malformed integer text '" + std::string(line) + "'");
+        fail("malformed integer text '" + std::string(line.substr(0, 64)) + "'");
+      // CPython's int() refuses more digits than this (sys.int_info.default_max_str_digits),
+      // so its unpickler does too; the conversion below takes time quadratic in the digits.
+      constexpr size_t kMaxDigits = 4300;
+      if (digits.size() > kMaxDigits)
+        fail("integer text of " + std::to_string(digits.size()) + " digits, more than Python's limit of " +
+             std::to_string(kMaxDigits));
       int64_t v = 0;
       auto r = std::from_chars(line.data() + (line.front() == '+' ? 1 : 0), line.data() + line.size(), v);
       if (r.ec == std::errc() && r.ptr == line.data() + line.size()) {
@@ -623,6 +650,7 @@ void Machine::step() {
     case 'l': {                                    // LIST
       Value* l = doc_.make(Kind::List);
       l->items = pop_mark();
+      charge_slots(l->items.size());
       push(l);
       break;
     }
@@ -659,12 +687,14 @@ void Machine::step() {
       std::vector<Value*> items = pop_mark();
       Value* s = top();
       if (s->kind != Kind::Set) fail(std::string("ADDITEMS on a ") + kind_name(s->kind));
+      charge_slots(items.size());
       s->items.insert(s->items.end(), items.begin(), items.end());
       break;
     }
     case 0x91: {  // FROZENSET
       Value* s = doc_.make(Kind::FrozenSet);
       s->items = pop_mark();
+      charge_slots(s->items.size());
       push(s);
       break;
     }
@@ -741,6 +771,7 @@ void Machine::step() {
       Value* state = pop();
       Value* target = top();
       if (target->state && target->state->kind == Kind::Dict && state->kind == Kind::Dict) {
+        charge_slots(2 * state->entries.size());
         for (auto& e : state->entries) target->state->entries.push_back(e);
       } else {
         target->state = state;
@@ -769,7 +800,10 @@ void Machine::step() {
 
 Document parse(std::string_view data, Reconstructors* hooks, const Limits& limits) {
   Document doc;
-  doc.max_values_ = limits.max_values;
+  doc.input_bytes_ = data.size();
+  if (__builtin_mul_overflow(static_cast<uint64_t>(data.size()), limits.per_input_byte, &doc.budget_) ||
+      __builtin_add_overflow(doc.budget_, limits.base, &doc.budget_))
+    doc.budget_ = UINT64_MAX;
   Machine vm(data, hooks, doc);
   doc.root_ = vm.run();
   return doc;

@@ -93,8 +93,16 @@ class Reconstructors {
   virtual Value* persistent_load(Document& doc, Value& pid) = 0;
 };
 
+// Memory the VM may allocate for the values it builds: `per_input_byte` times the pickle's
+// length, plus `base`. Every opcode reads at least one byte and builds at most one value
+// (sizeof(Value), under 200 bytes) or moves one reference into a container, so a real pickle
+// stays far below this; what it stops is a few bytes of memo references making a
+// reconstructor copy a large container or string over and over (memory quadratic in the
+// input). Values, string bytes and container slots are counted; the VM's stack and memo
+// grow by at most one slot per input byte and are not.
 struct Limits {
-  uint64_t max_values = 50'000'000;  // arena size; the input length bounds it anyway
+  uint64_t per_input_byte = 256;
+  uint64_t base = 64ull << 20;
 };
 
 class Document {
@@ -109,16 +117,21 @@ class Document {
   Value* make_int(int64_t v);
   Value* make_global(std::string module, std::string name);
   size_t size() const { return arena_.size(); }
+  // Counts `bytes` against the memory budget, before they are allocated; throws past it.
+  // Reconstructor hooks call it for what they copy.
+  void charge(uint64_t bytes);
 
  private:
   friend Document parse(std::string_view, Reconstructors*, const Limits&);
   std::deque<Value> arena_;
   Value* root_ = nullptr;
-  uint64_t max_values_ = Limits{}.max_values;
+  uint64_t budget_ = UINT64_MAX;  // set by parse() from Limits and the input length
+  uint64_t charged_ = 0;
+  uint64_t input_bytes_ = 0;
 };
 
 // Runs the VM over one pickle (up to and including STOP). Throws Error("pickle: ...") with
-// the opcode and byte position on malformed input.
+// the opcode and byte position on malformed input, and when its values outgrow `limits`.
 Document parse(std::string_view data, Reconstructors* hooks = nullptr, const Limits& limits = {});
 
 }  // namespace shardmerge::pickle

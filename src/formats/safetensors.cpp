@@ -29,6 +29,12 @@ uint64_t checked_nbytes(DType dtype, const std::vector<int64_t>& shape, const st
 // Parses the header JSON, refusing duplicate top-level names (the Rust reader silently keeps
 // the last one; we would rather not guess which tensor the writer meant).
 json parse_header_json(std::string_view text) {
+  // nlohmann's lexer takes a NUL byte for the end of the input and ignores whatever follows
+  // it; serde_json (the reference reader) allows only JSON whitespace after the object, and a
+  // NUL cannot occur in valid JSON at all, not even inside a string.
+  if (const size_t nul = text.find('\0'); nul != std::string_view::npos)
+    throw header_error("byte 0x00 at header byte " + std::to_string(nul) +
+                       ": the header must be JSON padded with spaces only");
   int depth = 0;
   std::unordered_set<std::string> names;
   std::string duplicate;

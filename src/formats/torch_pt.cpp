@@ -6,6 +6,7 @@
 #include "formats/zip.hpp"
 #include "shardmerge/error.hpp"
 #include "util/file.hpp"
+#include "util/file_stamp.hpp"
 #include "util/shape.hpp"
 
 namespace shardmerge {
@@ -134,6 +135,7 @@ class TorchReconstructors : public pickle::Reconstructors {
     }
     if (g.is_global("torch", "Size")) {
       if (a.size() == 1 && a[0]->is_sequence()) {
+        doc.charge(a[0]->items.size() * sizeof(Value*));
         Value* t = doc.make(Kind::Tuple);
         t->items = a[0]->items;
         return t;
@@ -177,6 +179,7 @@ class TorchReconstructors : public pickle::Reconstructors {
     const uint64_t elem = s->dtype ? dtype_size(*s->dtype) : 1;
     if (numel > std::numeric_limits<uint64_t>::max() / elem) throw decode_error("storage size overflows");
     s->nbytes = numel * elem;
+    doc.charge(sizeof(StorageNative) + s->key.size() + s->location.size());
     Value* v = doc.make(Kind::Native);
     v->native = std::move(s);
     return v;
@@ -186,7 +189,11 @@ class TorchReconstructors : public pickle::Reconstructors {
   static constexpr int kMaxFromTypeNesting = 8;
   int from_type_depth_ = 0;
 
+  // The sizes and strides come from tuples that the pickle can memoize and hand to any number
+  // of reconstructions: their copies count against the VM's memory budget.
   static Value* wrap(pickle::Document& doc, std::unique_ptr<TensorNative> t) {
+    doc.charge(sizeof(TensorNative) + (t->view.size.size() + t->view.stride.size()) * sizeof(int64_t) +
+               t->view.storage_key.size() + t->subclass.size());
     Value* v = doc.make(Kind::Native);
     v->native = std::move(t);
     return v;
@@ -265,6 +272,15 @@ bool class_is(const Value& obj, std::string_view name) {
 }
 
 void check_view(const TensorView& v) {
+  // The stored bytes of a lazily negated or conjugated view are the un-negated data; copying
+  // them as they are would write -x as x. Executors only copy and cast, so such views are
+  // refused rather than applied.
+  if (v.negated)
+    throw decode_error("saved with torch's lazy negation bit set (metadata {'neg': True}); save it after "
+                       "tensor.resolve_neg() to store the negated values");
+  if (v.conjugated)
+    throw decode_error("saved with torch's lazy conjugation bit set (metadata {'conj': True}); save it after "
+                       "tensor.resolve_conj()");
   if (v.size.size() != v.stride.size()) throw decode_error("size and stride have different lengths");
   if (v.storage_offset < 0) throw decode_error("negative storage offset");
   const uint64_t elem = dtype_size(v.dtype);
@@ -566,13 +582,13 @@ constexpr uint64_t kMaxPickleBytes = 1ull << 30;
 TorchFile TorchFile::open(const std::string& path) {
   try {
     File file = File::open_read(path);
-    TorchArchive archive = TorchArchive::read(file);
     TorchFile out;
     out.path_ = path;
-    out.file_size_ = file.size();
+    out.stamp_ = file_stamp(file);
+    TorchArchive archive = TorchArchive::read(file);
     const ZipEntry& pkl = archive.record("data.pkl");
     if (pkl.size > kMaxPickleBytes) throw Error("data.pkl of " + std::to_string(pkl.size) + " bytes is implausibly large");
-    const std::string data = file.read_string(pkl.data_offset, static_cast<size_t>(pkl.size));
+    const std::string data = read_record_checked(file, pkl);
     pickle::Document doc = parse_torch_pickle(data);
     out.entries_ = collect_tensors(doc.root());
     for (const auto& e : out.entries_) {
@@ -584,7 +600,7 @@ TorchFile TorchFile::open(const std::string& path) {
           throw Error("storage record data/" + v.storage_key + " has " + std::to_string(rec->size) +
                       " bytes but the pickle declares " + std::to_string(v.storage_nbytes))
               .tensor(e.name);
-        out.storage_offsets_[v.storage_key] = rec->data_offset;
+        out.storage_records_.try_emplace(v.storage_key, *rec);
       };
       if (auto* v = std::get_if<TensorView>(&e.value)) check_record(*v);
       if (auto* d = std::get_if<DTensorValue>(&e.value)) check_record(d->local);
@@ -598,9 +614,11 @@ TorchFile TorchFile::open(const std::string& path) {
   }
 }
 
-uint64_t TorchFile::storage_offset_in_file(const TensorView& view) const {
-  auto it = storage_offsets_.find(view.storage_key);
-  if (it == storage_offsets_.end()) throw Error("no storage record data/" + view.storage_key).file(path_);
+uint64_t TorchFile::storage_offset_in_file(const TensorView& view) const { return storage_record(view).data_offset; }
+
+const ZipEntry& TorchFile::storage_record(const TensorView& view) const {
+  auto it = storage_records_.find(view.storage_key);
+  if (it == storage_records_.end()) throw Error("no storage record data/" + view.storage_key).file(path_);
   return it->second;
 }
 

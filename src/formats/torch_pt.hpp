@@ -11,7 +11,9 @@
 #include <vector>
 
 #include "formats/pickle.hpp"
+#include "formats/zip.hpp"
 #include "shardmerge/dtype.hpp"
+#include "shardmerge/plan.hpp"
 
 namespace shardmerge {
 
@@ -23,7 +25,9 @@ struct TensorView {
   int64_t storage_offset = 0;   // in elements
   std::vector<int64_t> size;
   std::vector<int64_t> stride;  // in elements
-  bool negated = false;         // torch's lazy .neg() bit: the stored bytes are not negated
+  // torch's lazy .neg() / .conj() bits: the stored bytes are not negated (conjugated).
+  // collect_tensors refuses views with either bit set.
+  bool negated = false;
   bool conjugated = false;
 
   uint64_t numel() const;
@@ -88,15 +92,18 @@ class TorchFile {
   static TorchFile open(const std::string& path);
 
   const std::string& path() const { return path_; }
-  uint64_t file_size() const { return file_size_; }
+  uint64_t file_size() const { return stamp_.size; }
+  const FileStamp& stamp() const { return stamp_; }  // when it was opened
   const std::vector<StateEntry>& entries() const { return entries_; }
   // Absolute file offset of the first byte of a view's storage record.
   uint64_t storage_offset_in_file(const TensorView& view) const;
+  // The zip record that holds a view's storage (its CRC-32 is checked as the merge reads it).
+  const ZipEntry& storage_record(const TensorView& view) const;
 
  private:
   std::string path_;
-  uint64_t file_size_ = 0;
-  std::unordered_map<std::string, uint64_t> storage_offsets_;  // key -> record data offset
+  FileStamp stamp_;
+  std::unordered_map<std::string, ZipEntry> storage_records_;  // key -> record
   std::vector<StateEntry> entries_;
 };
 

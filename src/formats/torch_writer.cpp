@@ -4,6 +4,7 @@
 #include <memory>
 
 #include "util/bytes.hpp"
+#include "util/crc32.hpp"
 
 namespace shardmerge {
 namespace {

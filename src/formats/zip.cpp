@@ -1,9 +1,11 @@
 #include "formats/zip.hpp"
 
 #include <algorithm>
+#include <cstdio>
 
 #include "shardmerge/error.hpp"
 #include "util/bytes.hpp"
+#include "util/crc32.hpp"
 
 namespace shardmerge {
 namespace {
@@ -106,7 +108,115 @@ void apply_zip64_extra(std::string_view extra, uint64_t& usize, uint64_t& csize,
   }
 }
 
+// The extra field `id` of an extra block, if present.
+std::optional<std::string_view> extra_field(std::string_view extra, uint16_t id) {
+  size_t pos = 0;
+  while (pos + 4 <= extra.size()) {
+    const uint16_t len = load_le<uint16_t>(extra.data() + pos + 2);
+    if (pos + 4 + len > extra.size()) return std::nullopt;
+    if (load_le<uint16_t>(extra.data() + pos) == id) return extra.substr(pos + 4, len);
+    pos += 4 + len;
+  }
+  return std::nullopt;
+}
+
+std::string hex32(uint32_t v) {
+  char buf[11];
+  std::snprintf(buf, sizeof buf, "0x%08x", v);
+  return buf;
+}
+
+// What the central directory says about one entry.
+struct CentralEntry {
+  std::string name;
+  uint16_t flags = 0;
+  uint16_t method = 0;
+  uint32_t crc = 0;
+  uint64_t size = 0;
+  uint64_t lho = 0;
+};
+
+constexpr uint16_t kDataDescriptorFlag = 0x0008;
+constexpr uint32_t kDataDescriptorSig = 0x08074b50;
+
+// The local header repeats the central directory's name, flags, method, CRC and sizes (or,
+// with flag bit 3, leaves CRC and sizes to a data descriptor after the data): a reader that
+// only skipped over it would read data another reader sees under another name or size.
+// Returns the data offset relative to the archive base; everything must end before `limit`
+// (the central directory).
+uint64_t check_local_header(const File& file, uint64_t base, const CentralEntry& c, uint64_t limit) {
+  const std::string& name = c.name;
+  if (limit < 30 || c.lho > limit - 30)  // (lho + 30 could wrap: lho comes from a ZIP64 field)
+    throw Error("corrupt zip: entry '" + name + "' local header at " + std::to_string(c.lho) +
+                " is outside the data area");
+  const std::string local = file.read_string(base + c.lho, 30);
+  if (load_le<uint32_t>(local.data()) != kLocalHeaderSig)
+    throw Error("corrupt zip: no local header for entry '" + name + "' at byte " + std::to_string(c.lho));
+  const uint16_t flags = load_le<uint16_t>(local.data() + 6);
+  const uint16_t method = load_le<uint16_t>(local.data() + 8);
+  const uint32_t crc = load_le<uint32_t>(local.data() + 14);
+  uint64_t csize = load_le<uint32_t>(local.data() + 18);
+  uint64_t usize = load_le<uint32_t>(local.data() + 22);
+  const uint16_t name_len = load_le<uint16_t>(local.data() + 26);
+  const uint16_t extra_len = load_le<uint16_t>(local.data() + 28);
+  const std::string where = "corrupt zip: entry '" + name + "': its local header at " + std::to_string(c.lho);
+  if (flags != c.flags)
+    throw Error(where + " has flags " + hex32(flags) + ", the central directory " + hex32(c.flags));
+  if (method != c.method)
+    throw Error(where + " has method " + std::to_string(method) + ", the central directory " + std::to_string(c.method));
+  if (30 + uint64_t{name_len} + extra_len > limit - c.lho)
+    throw Error(where + " runs into the central directory");
+  const std::string rest = file.read_string(base + c.lho + 30, name_len + size_t{extra_len});
+  if (std::string_view(rest).substr(0, name_len) != name)
+    throw Error(where + " names it '" + rest.substr(0, name_len) + "'");
+  const std::string_view extra = std::string_view(rest).substr(name_len);
+  // The data follows the *local* name and extra fields, which differ from the central ones.
+  const uint64_t data = c.lho + 30 + name_len + extra_len;
+  if (data > limit || c.size > limit - data)
+    throw Error("corrupt or truncated zip: entry '" + name + "' data [" + std::to_string(data) + ", +" +
+                std::to_string(c.size) + ") runs past the data area, which ends at " + std::to_string(limit));
+  const std::optional<std::string_view> zip64 = extra_field(extra, 0x0001);
+
+  if (!(flags & kDataDescriptorFlag)) {
+    uint64_t unused_lho = 0;
+    apply_zip64_extra(extra, usize, csize, unused_lho, name);
+    if (crc != c.crc || usize != c.size || csize != c.size)
+      throw Error(where + " says CRC-32 " + hex32(crc) + ", " + std::to_string(usize) + " bytes (" +
+                  std::to_string(csize) + " stored); the central directory " + hex32(c.crc) + ", " + std::to_string(c.size));
+    return data;
+  }
+  // CRC and sizes follow the data; the local fields are zero (torch's miniz) or repeat them.
+  if ((crc != 0 && crc != c.crc) || (usize != 0 && usize != c.size && usize != 0xFFFFFFFFu))
+    throw Error(where + " says CRC-32 " + hex32(crc) + ", " + std::to_string(usize) + " bytes; the central directory " +
+                hex32(c.crc) + ", " + std::to_string(c.size));
+  // Sizes in the descriptor are 8 bytes each when the local header has a ZIP64 field.
+  const uint64_t field = zip64 ? 8 : 4;
+  const uint64_t at = data + c.size, avail = limit - at;
+  const std::string d = file.read_string(base + at, static_cast<size_t>(std::min<uint64_t>(avail, 4 + 4 + 2 * field)));
+  const size_t sig = d.size() >= 4 && load_le<uint32_t>(d.data()) == kDataDescriptorSig ? 4 : 0;  // optional
+  if (d.size() < sig + 4 + 2 * field)
+    throw Error("corrupt zip: entry '" + name + "' has no room for its data descriptor at " + std::to_string(at));
+  const uint32_t dcrc = load_le<uint32_t>(d.data() + sig);
+  const uint64_t dcsize = field == 8 ? load_le<uint64_t>(d.data() + sig + 4) : load_le<uint32_t>(d.data() + sig + 4);
+  const uint64_t dusize = field == 8 ? load_le<uint64_t>(d.data() + sig + 4 + 8) : load_le<uint32_t>(d.data() + sig + 8);
+  if (dcrc != c.crc || dcsize != c.size || dusize != c.size)
+    throw Error("corrupt zip: entry '" + name + "': its data descriptor at " + std::to_string(at) + " says CRC-32 " +
+                hex32(dcrc) + ", " + std::to_string(dusize) + " bytes (" + std::to_string(dcsize) +
+                " stored); the central directory " + hex32(c.crc) + ", " + std::to_string(c.size));
+  return data;
+}
+
 }  // namespace
+
+std::string read_record_checked(const File& file, const ZipEntry& entry) {
+  std::string data = file.read_string(entry.data_offset, static_cast<size_t>(entry.size));
+  if (const uint32_t crc = crc32_update(0, data.data(), data.size()); crc != entry.crc32)
+    throw Error("CRC-32 mismatch: record " + entry.name + " has " + hex32(crc) + ", the zip directory says " +
+                hex32(entry.crc32))
+        .file(file.path())
+        .offset(entry.data_offset);
+  return data;
+}
 
 ZipArchive ZipArchive::read(const File& file, uint64_t base, std::optional<uint64_t> length) {
   try {
@@ -135,6 +245,7 @@ ZipArchive ZipArchive::read_directory(const File& file, uint64_t base, std::opti
                                           std::to_string(dir.entries) + " entries");
     const char* h = cd.data() + pos;
     if (load_le<uint32_t>(h) != kCentralSig) throw Error("corrupt zip: bad central directory entry " + std::to_string(i));
+    const uint16_t flags = load_le<uint16_t>(h + 8);
     const uint16_t method = load_le<uint16_t>(h + 10);
     const uint32_t crc = load_le<uint32_t>(h + 16);
     uint64_t csize = load_le<uint32_t>(h + 20);
@@ -156,17 +267,7 @@ ZipArchive ZipArchive::read_directory(const File& file, uint64_t base, std::opti
     if (csize != usize)
       throw Error("corrupt zip: stored entry '" + entry.name + "' has compressed size " + std::to_string(csize) +
                   " != size " + std::to_string(usize));
-    if (dir.offset < 30 || lho > dir.offset - 30)  // (lho + 30 could wrap: lho comes from a ZIP64 field)
-      throw Error("corrupt zip: entry '" + entry.name + "' local header at " + std::to_string(lho) +
-                  " is outside the data area");
-    const std::string local = file.read_string(base + lho, 30);
-    if (load_le<uint32_t>(local.data()) != kLocalHeaderSig)
-      throw Error("corrupt zip: no local header for entry '" + entry.name + "' at byte " + std::to_string(lho));
-    // The data follows the *local* name and extra fields, which differ from the central ones.
-    const uint64_t data = lho + 30 + load_le<uint16_t>(local.data() + 26) + load_le<uint16_t>(local.data() + 28);
-    if (data > dir.offset || usize > dir.offset - data)
-      throw Error("corrupt or truncated zip: entry '" + entry.name + "' data [" + std::to_string(data) + ", +" +
-                  std::to_string(usize) + ") runs past the data area, which ends at " + std::to_string(dir.offset));
+    const uint64_t data = check_local_header(file, base, {entry.name, flags, method, crc, usize, lho}, dir.offset);
     entry.data_offset = base + data;
     entry.size = usize;
     entry.crc32 = crc;
@@ -221,7 +322,7 @@ TorchArchive TorchArchive::read(const File& file, uint64_t base, std::optional<u
   if (!archive.find_record("data.pkl")) throw Error("torch.save archive has no data.pkl record").file(file.path());
   if (const ZipEntry* bo = archive.find_record("byteorder")) {
     if (bo->size > 16) throw Error("byteorder record is implausibly large").file(file.path());
-    if (file.read_string(bo->data_offset, bo->size) != "little")
+    if (read_record_checked(file, *bo) != "little")
       throw Error("archive was saved on a big-endian machine; only little-endian data is supported").file(file.path());
   }
   return archive;

@@ -1,6 +1,6 @@
 // Reader for the zip container of torch.save files: central directory, ZIP64 records, and the
 // absolute byte offset of every record's data, so tensor bytes are read in place, never
-// extracted. Only STORED entries are accepted (torch never compresses; a compressed entry
+// extracted. Local headers (and data descriptors) are checked against the central directory. Only STORED entries are accepted (torch never compresses; a compressed entry
 // would also defeat reading tensors in place).
 #pragma once
 
@@ -37,6 +37,9 @@ class ZipArchive {
   std::vector<ZipEntry> entries_;
   std::unordered_map<std::string, size_t> by_name_;
 };
+
+// The bytes of `entry`, checked against its CRC-32 (a mismatch is an Error naming the record).
+std::string read_record_checked(const File& file, const ZipEntry& entry);
 
 // A torch.save archive: every entry is "<archive>/<record>" for one shared archive name.
 class TorchArchive {

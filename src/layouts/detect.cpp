@@ -8,6 +8,7 @@
 #include "layouts/layout.hpp"
 #include "shardmerge/error.hpp"
 #include "util/file.hpp"
+#include "util/json_fields.hpp"
 #include "layouts/names.hpp"
 
 namespace fs = std::filesystem;
@@ -162,8 +163,9 @@ MegatronRole read_megatron_role(const fs::path& dir, std::vector<std::string>& w
     const auto& contents = (*role.manifest)["contents"];
     if (contents.is_object() && contents.contains("model") && contents["model"].is_object()) {
       const auto& model = contents["model"];
-      role.model_format = model.value("format", "");
-      const std::string rel = model.value("path", "");
+      const std::string manifest_path = (dir / role.manifest_name).string();
+      role.model_format = json_field<std::string>(model, "format", manifest_path, "contents.model").value_or("");
+      const std::string rel = json_field<std::string>(model, "path", manifest_path, "contents.model").value_or("");
       if (role.model_format == "megatron_dist_checkpoint" && !rel.empty()) role.dist_ckpt = (dir / rel).string();
     }
     hf_at(dir / "model" / "huggingface");

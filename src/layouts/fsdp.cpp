@@ -94,7 +94,7 @@ SourceSet describe_fsdp(const FsdpRole& role) {
   for (const auto& f : files) {
     if (!f.present) continue;
     file_index[f.rank] = static_cast<uint32_t>(set.files.size());
-    set.files.push_back({f.file.path(), f.file.file_size()});
+    set.files.push_back({f.file.path(), f.file.file_size(), f.file.stamp()});
   }
 
   std::vector<std::string> order;
@@ -119,7 +119,9 @@ SourceSet describe_fsdp(const FsdpRole& role) {
                       shape_string(e.global_shape()) + " but rank " + std::to_string(g.first_rank) + " as " +
                       std::string(dtype_name(g.dtype)) + " " + shape_string(g.shape));
         }
+        auto check = [&](const TensorView& v) { set.records.push_back(record_check(fi, f.file.storage_record(v), e.name)); };
         if (const auto* v = std::get_if<TensorView>(&e.value)) {
+          check(*v);
           // A plain tensor in a rank file is the whole tensor on every rank (persistent buffers,
           // world size 1, full state dicts): a replica, never a shard to concatenate.
           g.candidates.push_back({f.rank, view_to_slice(fi, f.file.storage_offset_in_file(*v), *v,
@@ -128,6 +130,7 @@ SourceSet describe_fsdp(const FsdpRole& role) {
           g.origin = role.world_size > 1 ? "replicated (plain tensor on every rank)" : "whole tensor";
           if (fresh) ++plain;
         } else if (const auto* d = std::get_if<DTensorValue>(&e.value)) {
+          check(d->local);
           const auto runs = dtensor_local_runs(d->global_size, d->placements, d->mesh.shape,
                                              coordinate_of(*d, f.rank), d->shard_order);
           for (Slice& s : view_to_slices(fi, f.file.storage_offset_in_file(d->local), d->local, runs))
@@ -137,9 +140,11 @@ SourceSet describe_fsdp(const FsdpRole& role) {
           if (fresh) ++dtensors;
         } else {
           const auto& st = std::get<ShardedTensorValue>(e.value);
-          for (const auto& local : st.local_shards)
+          for (const auto& local : st.local_shards) {
+            check(local.view);
             g.candidates.push_back({f.rank, view_to_slice(fi, f.file.storage_offset_in_file(local.view), local.view,
                                                           local.offsets)});
+          }
           g.origin = "ShardedTensor, " + std::to_string(st.all_shards.size()) + " shards";
           if (fresh) ++sharded;
         }

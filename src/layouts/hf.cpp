@@ -7,6 +7,7 @@
 #include "plan/sharding.hpp"
 #include "shardmerge/error.hpp"
 #include "util/file.hpp"
+#include "util/file_stamp.hpp"
 
 namespace fs = std::filesystem;
 
@@ -21,7 +22,8 @@ std::vector<int64_t> row_major_strides(const std::vector<int64_t>& shape) {
 
 void add_safetensors_file(SourceSet& set, const SafetensorsFile& f, const std::string& path) {
   const auto fi = static_cast<uint32_t>(set.files.size());
-  set.files.push_back({path, File::open_read(path).size()});
+  const FileStamp stamp = file_stamp(File::open_read(path));
+  set.files.push_back({path, stamp.size, stamp});
   for (const auto& t : f.tensors()) {
     SourceTensor s;
     s.name = t.name;
@@ -63,7 +65,7 @@ AdapterSources describe_adapter(const std::string& dir) {
     add_safetensors_file(out.tensors, SafetensorsFile::open(st.string()), st.string());
   } else if (fs::is_regular_file(bin, ec)) {
     TorchFile f = TorchFile::open(bin.string());
-    out.tensors.files.push_back({bin.string(), f.file_size()});
+    out.tensors.files.push_back({bin.string(), f.file_size(), f.stamp()});
     for (const auto& e : f.entries()) {
       const auto* v = std::get_if<TensorView>(&e.value);
       if (!v) throw Error("adapter tensors must be plain tensors").file(bin.string()).tensor(e.name);
@@ -73,6 +75,7 @@ AdapterSources describe_adapter(const std::string& dir) {
       s.shape = v->size;
       s.origin = "whole tensor";
       s.pieces.push_back(view_to_slice(0, f.storage_offset_in_file(*v), *v, std::vector<int64_t>(v->size.size(), 0)));
+      out.tensors.records.push_back(record_check(0, f.storage_record(*v), e.name));
       out.tensors.tensors.push_back(std::move(s));
     }
   } else {

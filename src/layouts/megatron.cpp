@@ -3,8 +3,10 @@
 #include <algorithm>
 #include <charconv>
 #include <filesystem>
+#include <limits>
 #include <map>
 #include <optional>
+#include <string_view>
 
 #include "formats/dcp.hpp"
 #include "formats/torch_pt.hpp"
@@ -12,6 +14,7 @@
 #include "plan/sharding.hpp"
 #include "shardmerge/error.hpp"
 #include "util/file.hpp"
+#include "util/json_fields.hpp"
 
 namespace fs = std::filesystem;
 
@@ -49,8 +52,9 @@ SourceSet describe_megatron_dist(const std::string& dir, const std::string& scra
     for (const DcpChunk& c : t.chunks) {
       const DcpChunkData data = locate_dcp_chunk(meta, t, c, scratch_dir);
       auto [it, fresh] = file_index.try_emplace(data.path, static_cast<uint32_t>(set.files.size()));
-      if (fresh) set.files.push_back({data.path, data.file_size});
-      s.pieces.push_back(view_to_slice(it->second, data.storage_offset_in_file, data.view, c.offsets));
+      if (fresh) set.files.push_back({data.path, data.stamp.size, data.stamp});
+      s.pieces.push_back(view_to_slice(it->second, data.record.data_offset, data.view, c.offsets));
+      set.records.push_back(record_check(it->second, data.record, t.fqn));
       ++chunks;
     }
     if (auto problem = check_tiling(s.shape, s.pieces))
@@ -67,12 +71,24 @@ SourceSet describe_megatron_dist(const std::string& dir, const std::string& scra
 
 namespace {
 
+// Layer, chunk and expert indices in names. Bounded far above any real model so that
+// sums of them (layer offsets, "index + 1") cannot overflow.
+constexpr int64_t kMaxNameIndex = int64_t{1} << 31;
+
+// A decimal [0, kMaxNameIndex) spanning all of `digits`; nullopt otherwise (signs included).
+std::optional<int64_t> name_index(std::string_view digits) {
+  int64_t v = 0;
+  if (digits.empty() || digits.front() < '0' || digits.front() > '9') return std::nullopt;
+  auto r = std::from_chars(digits.data(), digits.data() + digits.size(), v);
+  if (r.ec != std::errc() || r.ptr != digits.data() + digits.size() || v >= kMaxNameIndex) return std::nullopt;
+  return v;
+}
+
+// "<index>.<rest>": the index, and in `end` the position of the dot.
 std::optional<int64_t> leading_index(const std::string& s, size_t& end) {
   end = s.find('.');
-  int64_t v = 0;
-  auto r = std::from_chars(s.data(), s.data() + std::min(end, s.size()), v);
-  if (end == std::string::npos || end == 0 || r.ptr != s.data() + end) return std::nullopt;
-  return v;
+  if (end == std::string::npos) return std::nullopt;
+  return name_index(std::string_view(s).substr(0, end));
 }
 
 struct RankFile {
@@ -100,12 +116,18 @@ SourceTensor concat(const std::string& name, const std::vector<Shard>& shards, s
   out.name = name;
   out.dtype = shards.front().view->dtype;
   out.origin = origin;
+  if (dim >= shape.size())
+    throw Error("has " + std::to_string(shape.size()) + " dims; its TP shards are concatenated along dim " +
+                std::to_string(dim))
+        .tensor(name)
+        .file(shards.front().rank->file.path());
   for (const Shard& s : shards) {
     if (s.view->dtype != out.dtype || s.view->size.size() != shape.size())
       throw Error("TP shards disagree in dtype or rank").tensor(name).file(s.rank->file.path());
     Slice slice = whole_view(*s.rank, *s.view);
     slice.start[dim] = at;
-    at += s.view->size[dim];
+    if (__builtin_add_overflow(at, s.view->size[dim], &at))
+      throw Error("TP shards together are longer than 2^63 along dim " + std::to_string(dim)).tensor(name);
     out.pieces.push_back(std::move(slice));
   }
   shape[dim] = at;
@@ -118,7 +140,8 @@ SourceTensor concat_gate_up(const std::string& name, const std::vector<Shard>& s
   int64_t total = 0;
   for (const Shard& s : shards) {
     if (s.view->size.empty() || s.view->size[0] % 2) throw Error("fc1 shard with an odd number of rows").tensor(name);
-    total += s.view->size[0] / 2;
+    if (__builtin_add_overflow(total, s.view->size[0] / 2, &total) || total > std::numeric_limits<int64_t>::max() / 2)
+      throw Error("fc1 TP shards together have more than 2^63 rows").tensor(name);
   }
   SourceTensor out;
   out.name = name;
@@ -149,12 +172,19 @@ SourceTensor concat_gate_up(const std::string& name, const std::vector<Shard>& s
 SourceSet describe_megatron_legacy(const MegatronRole& role, const nlohmann::ordered_json& config) {
   std::vector<RankFile> ranks;
   bool any_three = false;
+  const auto dirs = static_cast<int64_t>(role.mp_rank_dirs.size());
   for (const std::string& dir : role.mp_rank_dirs) {
     const auto name = parse_mp_rank_dir(fs::path(dir).filename().string());
+    if (!name) throw Error("not an mp_rank_<tp>[_<pp>][_<ep>] directory").file(dir);
     RankFile r;
     r.tp = name->tp;
     r.pp = name->pp.value_or(0);
     r.ep = name->ep.value_or(0);
+    // Every rank index is below the directory count of a complete tree; checking it first
+    // also keeps "index + 1" and tp * pp * ep below from overflowing.
+    if (r.tp >= dirs || r.pp >= dirs || r.ep >= dirs)
+      throw Error("rank index past the " + std::to_string(dirs) + " mp_rank directories of the checkpoint (missing ranks?)")
+          .file(dir);
     any_three = any_three || name->ep.has_value();
     r.file = TorchFile::open((fs::path(dir) / "model.pt").string());
     ranks.push_back(std::move(r));
@@ -162,7 +192,7 @@ SourceSet describe_megatron_legacy(const MegatronRole& role, const nlohmann::ord
   SourceSet set;
   for (auto& r : ranks) {
     r.file_index = static_cast<uint32_t>(set.files.size());
-    set.files.push_back({r.file.path(), r.file.file_size()});
+    set.files.push_back({r.file.path(), r.file.file_size(), r.file.stamp()});
   }
   // mp_rank_<tp>_<x> is a PP rank, unless every file holds both the embedding and the final
   // norm: then there is one stage and x is the EP rank.
@@ -186,8 +216,8 @@ SourceSet describe_megatron_legacy(const MegatronRole& role, const nlohmann::ord
     throw Error("expected " + std::to_string(tp * pp * ep) + " mp_rank directories for tp=" + std::to_string(tp) +
                 " pp=" + std::to_string(pp) + " ep=" + std::to_string(ep) + ", found " + std::to_string(ranks.size()))
         .file(role.path);
-  const int64_t experts = config.value("num_experts", int64_t{0});
-  const int64_t moe_ffn = config.value("moe_intermediate_size", int64_t{0});
+  const int64_t experts = json_field<int64_t>(config, "num_experts", "config.json").value_or(0);
+  const int64_t moe_ffn = json_field<int64_t>(config, "moe_intermediate_size", "config.json").value_or(0);
 
   // (pp, vpp chunk, ep, key) -> TP shards, and each (pp, chunk)'s local layer count.
   std::map<std::tuple<int64_t, int64_t, int64_t, std::string>, std::vector<Shard>> keys;
@@ -212,6 +242,7 @@ SourceSet describe_megatron_legacy(const MegatronRole& role, const nlohmann::ord
         if (auto l = leading_index(key.substr(layers.size()), dot))
           chunk_layers[{chunk, r.pp}] = std::max(chunk_layers[{chunk, r.pp}], *l + 1);
       keys[{r.pp, chunk, r.ep, key}].push_back({r.tp, v, &r});
+      set.records.push_back(record_check(r.file_index, r.file.storage_record(*v), e.name));
     }
   }
   // Global layer offsets: chunks in (vpp outer, pp inner) order, as Megatron's interleaved schedule.
@@ -239,32 +270,46 @@ SourceSet describe_megatron_legacy(const MegatronRole& role, const nlohmann::ord
         const std::string grouped = "mlp.experts.linear_fc", seq = "mlp.experts.local_experts.";
         if (rest.rfind(grouped, 0) == 0 && rest.find(".weight") != std::string::npos) {
           const size_t w = rest.find(".weight");
-          local_expert = std::stoll(rest.substr(w + 7));
+          const auto j = name_index(std::string_view(rest).substr(w + 7));
+          if (!j) throw Error("grouped expert weight without an expert number after '.weight'").tensor(key);
+          local_expert = *j;
           rest = "mlp.experts.*." + rest.substr(12, w + 7 - 12);
         } else if (rest.rfind(seq, 0) == 0) {
           size_t d2 = 0;
-          local_expert = *leading_index(rest.substr(seq.size()), d2);
+          const auto j = leading_index(rest.substr(seq.size()), d2);
+          if (!j) throw Error("local expert without an expert number after '" + seq + "'").tensor(key);
+          local_expert = *j;
           rest = "mlp.experts.*." + rest.substr(seq.size() + d2 + 1);
         }
         if (local_expert >= 0) {
           if (experts <= 0) throw Error("expert tensors but config.json has no num_experts").tensor(key);
+          if (local_expert >= experts / ep)
+            throw Error("local expert " + std::to_string(local_expert) + " but each of the " + std::to_string(ep) +
+                        " EP ranks holds " + std::to_string(experts / ep) + " of config.json's " + std::to_string(experts) +
+                        " experts")
+                .tensor(key);
           const int64_t global = ep_rank * (experts / ep) + local_expert;
           rest.replace(rest.find('*'), 1, std::to_string(global));
         }
-        name = layers + std::to_string(offset.at({chunk, p}) + *l) + "." + rest;
+        const auto base = offset.find({chunk, p});
+        if (base == offset.end())
+          throw Error("layer tensor of a model chunk that TP rank 0 (EP rank 0) does not have").tensor(key).file(role.path);
+        name = layers + std::to_string(base->second + *l) + "." + rest;
       }
     const std::string origin = "legacy mp_rank, tp=" + std::to_string(tp);
     const bool expert = name.find(".mlp.experts.") != std::string::npos;
     // Experts with expert-TP 1 are whole on every TP rank: take one copy.
+    const std::vector<int64_t>& first_size = shards[0].view->size;
     const bool expert_replicated =
-        expert && (name.find("linear_fc1") != std::string::npos ? shards[0].view->size[0] == 2 * moe_ffn
-                                                                 : shards[0].view->size.back() == moe_ffn);
+        expert && !first_size.empty() &&
+        (name.find("linear_fc1") != std::string::npos ? first_size[0] / 2 == moe_ffn && first_size[0] % 2 == 0
+                                                      : first_size.back() == moe_ffn);
     SourceTensor t;
     const bool row_parallel = name.find("self_attention.linear_proj.weight") != std::string::npos ||
                               name.find("linear_fc2.weight") != std::string::npos;
     if (name.find("_norm") != std::string::npos || name.find("layernorm") != std::string::npos ||
         name.find("router") != std::string::npos || expert_replicated || tp == 1 ||
-        (name.rfind("output_layer", 0) == 0 && shards[0].view->size[0] == 1) ||
+        (name.rfind("output_layer", 0) == 0 && !first_size.empty() && first_size[0] == 1) ||
         (name.find(".bias") != std::string::npos && row_parallel) || name.find("gate_weight") != std::string::npos) {
       t = concat(name, {shards.front()}, 0, origin);
     } else if (name.find("linear_fc1.weight") != std::string::npos) {

@@ -1,5 +1,8 @@
 #include "layouts/sources.hpp"
 
+#include <algorithm>
+#include <tuple>
+
 namespace shardmerge {
 
 size_t append_sources(SourceSet& set, SourceSet more) {
@@ -10,8 +13,26 @@ size_t append_sources(SourceSet& set, SourceSet more) {
     for (Slice& s : t.pieces) s.file += file_base;
     set.tensors.push_back(std::move(t));
   }
+  for (RecordCheck& r : more.records) {
+    r.file += file_base;
+    set.records.push_back(std::move(r));
+  }
   set.notes.insert(set.notes.end(), more.notes.begin(), more.notes.end());
   return first;
+}
+
+RecordCheck record_check(uint32_t file, const ZipEntry& entry, const std::string& tensor) {
+  return {file, entry.data_offset, entry.size, entry.crc32, entry.name, tensor};
+}
+
+std::vector<RecordCheck> unique_records(std::vector<RecordCheck> records) {
+  std::stable_sort(records.begin(), records.end(), [](const RecordCheck& a, const RecordCheck& b) {
+    return std::tie(a.file, a.offset) < std::tie(b.file, b.offset);
+  });
+  records.erase(std::unique(records.begin(), records.end(),
+                            [](const RecordCheck& a, const RecordCheck& b) { return a.file == b.file && a.offset == b.offset; }),
+                records.end());
+  return records;
 }
 
 }  // namespace shardmerge

@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include "formats/zip.hpp"
 #include "shardmerge/plan.hpp"
 
 namespace shardmerge {
@@ -21,8 +22,16 @@ struct SourceSet {
   std::string description;  // one line: backend, world size, mesh
   std::vector<SourceFile> files;
   std::vector<SourceTensor> tensors;  // in checkpoint order
+  std::vector<RecordCheck> records;   // the zip records the pieces read (torch.save sources), any order
   std::vector<std::string> notes;
 };
+
+// The check of the zip record `entry` of source file `file`, which holds `tensor`'s bytes.
+RecordCheck record_check(uint32_t file, const ZipEntry& entry, const std::string& tensor);
+
+// `records` by file and offset, one per record: tensors that share a storage name it once
+// (the first one described).
+std::vector<RecordCheck> unique_records(std::vector<RecordCheck> records);
 
 // Appends `more` to `set`, renumbering its file indices. Returns the index of its first tensor.
 size_t append_sources(SourceSet& set, SourceSet more);

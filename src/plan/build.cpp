@@ -2,6 +2,7 @@
 
 #include <cstdio>
 #include <filesystem>
+#include <set>
 #include <unordered_map>
 #include <unordered_set>
 
@@ -41,6 +42,53 @@ std::vector<std::vector<size_t>> split_into_shards(const std::vector<uint64_t>& 
   return shards;
 }
 
+bool is_16bit_float(DType t) { return t == DType::F16 || t == DType::BF16; }
+
+// Calls f for each tensor whose output dtype the policy decides: floating point, not pinned.
+template <typename F>
+void for_each_cast_candidate(const PlanInput& input, F&& f) {
+  for (const OutputGroup& group : input.groups)
+    for (const PlannedTensor& p : group.tensors)
+      if (is_floating(p.source->dtype) && !p.keep_dtype) f(p);
+}
+
+// --dtype default: a 16-bit float checkpoint keeps its dtype; wider floats become bf16 as in verl.
+DType default_float_dtype(const PlanInput& input, std::vector<std::string>& notes) {
+  const PlannedTensor* f16 = nullptr;
+  const PlannedTensor* bf16 = nullptr;
+  size_t wider = 0;
+  for_each_cast_candidate(input, [&](const PlannedTensor& p) {
+    if (p.source->dtype == DType::F16 && !f16) f16 = &p;
+    if (p.source->dtype == DType::BF16 && !bf16) bf16 = &p;
+    if (dtype_size(p.source->dtype) > 2) ++wider;
+  });
+  if (f16 && bf16)
+    throw Error("the checkpoint holds float16 tensors (e.g. '" + f16->name + "') and bfloat16 tensors (e.g. '" +
+                bf16->name + "'): no single 16-bit dtype keeps both exactly; choose one with --dtype bf16, fp16, fp32 or keep");
+  if (!f16) return DType::BF16;
+  notes.push_back("--dtype default: float16 checkpoint, written as float16" +
+                  (wider ? " (its " + std::to_string(wider) + " wider float tensor(s) too)" : std::string()) +
+                  "; --dtype bf16 would cast it");
+  return DType::F16;
+}
+
+// A bf16 <-> fp16 cast loses bits that the user may not expect to lose: say so, in one line.
+std::optional<std::string> lossy_cast_warning(const PlanInput& input, DType out, const std::string& chosen_by) {
+  if (!is_16bit_float(out)) return std::nullopt;
+  size_t count = 0;
+  const PlannedTensor* first = nullptr;
+  for_each_cast_candidate(input, [&](const PlannedTensor& p) {
+    if (is_16bit_float(p.source->dtype) && p.source->dtype != out && count++ == 0) first = &p;
+  });
+  if (!count) return std::nullopt;
+  const std::string from(dtype_name(first->source->dtype));
+  return chosen_by + " casts " + std::to_string(count) + " " + from + " tensor(s) (e.g. '" + first->name + "') to " +
+         std::string(dtype_name(out)) +
+         (out == DType::BF16 ? ", dropping 3 of float16's 10 mantissa bits"
+                             : ", where values beyond float16's range overflow to inf or underflow to 0") +
+         "; --dtype default keeps " + from;
+}
+
 }  // namespace
 
 std::optional<DType> config_dtype(const nlohmann::ordered_json& config) {
@@ -59,23 +107,31 @@ MergePlan build_plan(const PlanInput& input, const OutputOptions& options) {
   plan.source_dir = input.source_dir;
   plan.layout = input.sources->description;
   plan.sources = input.sources->files;
+  plan.records = unique_records(input.sources->records);
   plan.notes = input.sources->notes;
   plan.notes.insert(plan.notes.end(), input.notes.begin(), input.notes.end());
 
   // The dtype float tensors are written in.
   std::optional<DType> float_dtype;
-  if (options.dtype_policy == DTypePolicy::Fixed) {
+  std::string chosen_by;
+  if (options.dtype_policy == DTypePolicy::Default) {
+    float_dtype = default_float_dtype(input, plan.notes);
+  } else if (options.dtype_policy == DTypePolicy::Fixed) {
     float_dtype = options.dtype;
+    chosen_by = "--dtype " + std::string(dtype_name(options.dtype));
   } else if (options.dtype_policy == DTypePolicy::Auto) {
     if (input.hf && input.hf->has_config) float_dtype = config_dtype(input.hf->config);
     if (!float_dtype) {
       float_dtype = DType::BF16;
       plan.notes.push_back("--dtype auto: config.json names no torch_dtype/dtype; writing bfloat16 as verl does");
     }
+    chosen_by = "--dtype auto (config.json's " + std::string(dtype_name(*float_dtype)) + ")";
   }
   if (float_dtype && *float_dtype != DType::BF16 && *float_dtype != DType::F16 && *float_dtype != DType::F32 &&
       *float_dtype != DType::F64)
     throw usage_error("output dtype must be bf16, fp16, fp32 or fp64, not " + std::string(dtype_name(*float_dtype)));
+  if (float_dtype)
+    if (auto warning = lossy_cast_warning(input, *float_dtype, chosen_by)) plan.warnings.push_back(std::move(*warning));
 
   std::unordered_set<std::string> names;
   for (const OutputGroup& group : input.groups) {
@@ -88,6 +144,8 @@ MergePlan build_plan(const PlanInput& input, const OutputOptions& options) {
       t.name = p.name;
       t.shape = p.source->shape;
       const DType src = p.source->dtype;
+      if (is_complex(src))
+        throw Error("is " + std::string(dtype_name(src)) + "; complex tensors are not supported").tensor(p.name);
       t.dtype = (float_dtype && is_floating(src) && !p.keep_dtype) ? *float_dtype : src;
       t.copies = p.source->pieces;
       t.origin = p.source->origin;
@@ -145,23 +203,36 @@ MergePlan build_plan(const PlanInput& input, const OutputOptions& options) {
     }
   }
 
+  // config.json says what the weights are: the policy's dtype, or (keep) the one float dtype written.
+  std::optional<DType> written_dtype = float_dtype;
+  if (!written_dtype) {
+    std::set<DType> floats;
+    for (const OutputTensor& t : plan.tensors)
+      if (is_floating(t.dtype)) floats.insert(t.dtype);
+    if (floats.size() == 1) written_dtype = *floats.begin();
+    if (floats.size() > 1 && input.hf && input.hf->has_config)
+      plan.notes.push_back("--dtype keep: the output mixes float dtypes, so config.json's dtype is left as it was");
+  }
   if (input.hf) {
-    for (const auto& name : input.hf->sidecar_files) {
-      Sidecar s{name, (std::filesystem::path(input.hf->path) / name).string(), std::nullopt};
-      if (name == "config.json" && input.hf->has_config && float_dtype) {
-        // Say what the weights now are, in whichever key this transformers version used.
-        nlohmann::ordered_json cfg = input.hf->config;
-        const std::string dt(dtype_name(*float_dtype));
-        bool set = false;
-        for (const char* key : {"torch_dtype", "dtype"})
-          if (cfg.contains(key)) {
-            cfg[key] = dt;
-            set = true;
-          }
-        if (!set) cfg["torch_dtype"] = dt;
-        s.content = cfg.dump(2) + "\n";
+    for (const std::string& dir : input.model_dirs) {
+      const std::string prefix = dir.empty() ? "" : dir + "/";
+      for (const auto& name : input.hf->sidecar_files) {
+        Sidecar s{prefix + name, (std::filesystem::path(input.hf->path) / name).string(), std::nullopt};
+        if (name == "config.json" && input.hf->has_config && written_dtype) {
+          // Say what the weights now are, in whichever key this transformers version used.
+          nlohmann::ordered_json cfg = input.hf->config;
+          const std::string dt(dtype_name(*written_dtype));
+          bool set = false;
+          for (const char* key : {"torch_dtype", "dtype"})
+            if (cfg.contains(key)) {
+              cfg[key] = dt;
+              set = true;
+            }
+          if (!set) cfg["torch_dtype"] = dt;
+          s.content = cfg.dump(2) + "\n";
+        }
+        plan.sidecars.push_back(std::move(s));
       }
-      plan.sidecars.push_back(std::move(s));
     }
   }
   plan.sidecars.insert(plan.sidecars.end(), input.extra_sidecars.begin(), input.extra_sidecars.end());

@@ -13,10 +13,14 @@
 
 namespace shardmerge {
 
-enum class DTypePolicy { Fixed, Auto, Keep };
+// How the output dtype of floating-point tensors is chosen (integer and bool are never cast).
+//   Default: fp32/fp64 -> bf16 as verl does; fp16 and bf16 keep their dtype (never a silent
+//            16-bit -> 16-bit cast); a checkpoint holding both fp16 and bf16 must say --dtype.
+//   Fixed:   `dtype` (a bf16 <-> fp16 cast is warned about); Auto: config.json's dtype; Keep: none.
+enum class DTypePolicy { Default, Fixed, Auto, Keep };
 
 struct OutputOptions {
-  DTypePolicy dtype_policy = DTypePolicy::Fixed;
+  DTypePolicy dtype_policy = DTypePolicy::Default;
   DType dtype = DType::BF16;            // with Fixed
   uint64_t max_shard_size = 5'000'000'000;  // transformers v4 default ("5GB")
 };
@@ -49,6 +53,7 @@ struct PlanInput {
   std::string source_dir;
   std::vector<OutputGroup> groups;
   const layouts::HfTree* hf = nullptr;  // config, tokenizer and other sidecars, if any
+  std::vector<std::string> model_dirs = {""};  // output dirs that get hf's sidecars (each holds a model)
   std::vector<Sidecar> extra_sidecars;
   std::vector<std::string> notes;
 };

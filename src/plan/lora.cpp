@@ -6,6 +6,7 @@
 #include <unordered_map>
 
 #include "shardmerge/error.hpp"
+#include "util/json_fields.hpp"
 
 namespace shardmerge {
 
@@ -38,20 +39,22 @@ LoraConfig lora_config_from_adapter_config(const nlohmann::json& c, const std::s
   LoraConfig cfg;
   cfg.source = source;
   cfg.adapter_config = nlohmann::ordered_json(c);
-  const std::string type = c.value("peft_type", "LORA");
+  const std::string type = json_field<std::string>(c, "peft_type", source).value_or("LORA");
   if (type != "LORA") throw Error("PEFT type " + type + " is not supported; only LoRA adapters can be folded").file(source);
-  if (c.value("use_dora", false))
+  if (json_field<bool>(c, "use_dora", source).value_or(false))
     throw Error("DoRA adapters (use_dora) are not supported: their magnitude re-normalisation is not implemented").file(source);
   if (c.contains("lora_bias") && c["lora_bias"].is_boolean() && c["lora_bias"].get<bool>())
     throw Error("adapters with lora_bias are not supported").file(source);
   if (c.contains("r") && c["r"].is_number_integer()) cfg.r = c["r"].get<int64_t>();
   if (c.contains("lora_alpha") && c["lora_alpha"].is_number()) cfg.alpha = c["lora_alpha"].get<double>();
-  cfg.use_rslora = c.value("use_rslora", false);
-  cfg.fan_in_fan_out = c.value("fan_in_fan_out", false);
+  cfg.use_rslora = json_field<bool>(c, "use_rslora", source).value_or(false);
+  cfg.fan_in_fan_out = json_field<bool>(c, "fan_in_fan_out", source).value_or(false);
   if (c.contains("rank_pattern") && c["rank_pattern"].is_object())
-    for (const auto& [k, v] : c["rank_pattern"].items()) cfg.rank_pattern[k] = v.get<int64_t>();
+    for (const auto& [k, v] : c["rank_pattern"].items())
+      if (auto r = json_field<int64_t>(c["rank_pattern"], k, source, "rank_pattern")) cfg.rank_pattern[k] = *r;
   if (c.contains("alpha_pattern") && c["alpha_pattern"].is_object())
-    for (const auto& [k, v] : c["alpha_pattern"].items()) cfg.alpha_pattern[k] = v.get<double>();
+    for (const auto& [k, v] : c["alpha_pattern"].items())
+      if (auto a = json_field<double>(c["alpha_pattern"], k, source, "alpha_pattern")) cfg.alpha_pattern[k] = *a;
   if (c.contains("task_type") && c["task_type"].is_string()) cfg.task_type = c["task_type"].get<std::string>();
   return cfg;
 }
@@ -62,7 +65,7 @@ LoraConfig lora_config_from_train_meta(const nlohmann::json& m, const std::strin
   if (m.contains("r") && m["r"].is_number_integer()) cfg.r = m["r"].get<int64_t>();
   if (m.contains("lora_alpha") && m["lora_alpha"].is_number()) cfg.alpha = m["lora_alpha"].get<double>();
   if (m.contains("task_type") && m["task_type"].is_string()) cfg.task_type = m["task_type"].get<std::string>();
-  cfg.use_rslora = m.value("use_rslora", false);
+  cfg.use_rslora = json_field<bool>(m, "use_rslora", source).value_or(false);
   return cfg;
 }
 
@@ -94,6 +97,8 @@ void check_lora_shapes(const LoraModule& m, const SourceTensor& w, bool transpos
         .tensor(w.name);
 }
 
+std::string alpha_text(double alpha) { return nlohmann::json(alpha).dump(); }
+
 std::string alpha_help(const LoraConfig& c) {
   return "LoRA alpha is " + (c.alpha ? std::string("0") : std::string("missing")) + " in " +
          (c.source.empty() ? std::string("the checkpoint") : c.source) +
@@ -101,6 +106,12 @@ std::string alpha_help(const LoraConfig& c) {
 }
 
 }  // namespace
+
+std::vector<std::string> ModelGroups::model_dirs() const {
+  std::vector<std::string> dirs = {""};
+  if (unfolded) dirs.push_back(unfolded->subdir);
+  return dirs;
+}
 
 ModelGroups make_model_groups(const ModelGroupsInput& in) {
   const PeftSplit& split = *in.split;
@@ -121,10 +132,17 @@ ModelGroups make_model_groups(const ModelGroupsInput& in) {
 
   LoraConfig config;
   if (has_lora && in.mode != LoraMode::Drop) {
-    if (!in.config)
+    if (!in.config && !in.alpha_override)
       throw Error("LoRA tensors found but no lora_train_meta.json or adapter_config.json gives r and lora_alpha; pass "
                   "--lora-alpha N (r is read from the tensors)");
-    config = *in.config;
+    if (in.config) config = *in.config;
+    else config.source = "--lora-alpha";
+    // A recorded alpha is what training used: replacing it changes every folded weight, so only on request.
+    const bool recorded = config.alpha && *config.alpha != 0;
+    if (in.alpha_override && recorded && *in.alpha_override != *config.alpha && !in.force_alpha)
+      throw usage_error("--lora-alpha " + alpha_text(*in.alpha_override) + " differs from lora_alpha=" +
+                        alpha_text(*config.alpha) + " recorded in " + config.source + "; add --force-lora-alpha to use " +
+                        alpha_text(*in.alpha_override) + " anyway");
     if (in.alpha_override) config.alpha = in.alpha_override;
     if (!config.alpha || *config.alpha == 0) throw Error(alpha_help(config));
   }
@@ -148,6 +166,12 @@ ModelGroups make_model_groups(const ModelGroupsInput& in) {
   for (const auto& [name, tensor] : split.base)
     if (name.find("embed") != std::string::npos && name.size() > 7 && name.compare(name.size() - 7, 7, ".weight") == 0)
       embedding = tensor;
+  const bool unfolded_copy = fold && export_adapter;  // --lora both
+  if (unfolded_copy) {
+    out.unfolded = OutputGroup{};
+    out.unfolded->file_stem = "model";
+    out.unfolded->subdir = kUnfoldedDir;
+  }
   for (const auto& [name, tensor] : split.base) {
     if (in.drop_tied_lm_head && name == "lm_head.weight" && embedding && embedding->shape == tensor->shape) {
       out.notes.push_back("tie_word_embeddings: lm_head.weight is the embedding's alias and is not written "
@@ -157,16 +181,24 @@ ModelGroups make_model_groups(const ModelGroupsInput& in) {
     PlannedTensor p;
     p.name = name;
     p.source = tensor;
+    if (unfolded_copy) out.unfolded->tensors.push_back(p);
     if (auto f = folds.find(tensor->name); f != folds.end()) p.fold = f->second;
     out.model.tensors.push_back(std::move(p));
   }
-  if (fold) out.notes.push_back("folded " + std::to_string(folds.size()) + " LoRA module(s) into the base weights");
+  const std::string folded = "folded " + std::to_string(folds.size()) + " LoRA module(s) into the weights";
+  if (fold && !export_adapter)
+    out.notes.push_back(folded + "; no adapter is written (verl's layout, the unfolded base + lora_adapter/, is "
+                                 "`merge --lora adapter`)");
+  if (unfolded_copy)
+    out.notes.push_back(folded + " at the target's root; " + kUnfoldedDir +
+                        "/ holds verl's layout (the unfolded base + lora_adapter/)");
   if (has_lora && in.mode == LoraMode::Drop) out.notes.push_back("--lora drop: LoRA tensors are not written");
 
   if (export_adapter) {
+    const std::string dir = unfolded_copy ? std::string(kUnfoldedDir) + "/lora_adapter" : "lora_adapter";
     OutputGroup adapter;
     adapter.file_stem = "adapter_model";
-    adapter.subdir = "lora_adapter";
+    adapter.subdir = dir;
     adapter.shard = false;
     std::set<std::string> targets;
     for (const LoraModule& m : split.lora) {
@@ -191,8 +223,8 @@ ModelGroups make_model_groups(const ModelGroupsInput& in) {
     if (!cfg.contains("lora_dropout")) cfg["lora_dropout"] = 0.0;
     cfg["inference_mode"] = true;
     out.adapter = std::move(adapter);
-    out.adapter_config = Sidecar{"lora_adapter/adapter_config.json", "", cfg.dump(2) + "\n"};
-    out.notes.push_back("wrote the LoRA adapter to lora_adapter/ (r=" + cfg["r"].dump() + ", lora_alpha=" +
+    out.adapter_config = Sidecar{dir + "/adapter_config.json", "", cfg.dump(2) + "\n"};
+    out.notes.push_back("wrote the LoRA adapter to " + dir + "/ (r=" + cfg["r"].dump() + ", lora_alpha=" +
                         cfg["lora_alpha"].dump() + ")");
   }
   return out;
@@ -213,9 +245,9 @@ std::vector<std::string> describe_lora(const PeftSplit& split, const std::option
   if (!split.unsupported.empty())
     lines.push_back("LoRA: " + std::to_string(split.unsupported.size()) + " tensors of unsupported PEFT features (e.g. " +
                     split.unsupported.front() + "): only --lora drop can merge this checkpoint");
-  lines.push_back("  --lora fold:    base weights with W + scale*B@A folded in, no lora_ keys");
-  lines.push_back("  --lora adapter: base weights + lora_adapter/ (PEFT format)");
-  lines.push_back("  --lora both:    folded weights + lora_adapter/ (default)");
+  lines.push_back("  --lora fold:    base weights with W + scale*B@A folded in, no adapter (default)");
+  lines.push_back("  --lora adapter: unfolded base weights + lora_adapter/ (PEFT format, verl's layout)");
+  lines.push_back(std::string("  --lora both:    folded weights; ") + kUnfoldedDir + "/ = unfolded base + lora_adapter/");
   lines.push_back("  --lora drop:    base weights only");
   if (!config || !config->alpha || *config->alpha == 0)
     lines.push_back("  warning: lora_alpha is missing or 0; fold/adapter need --lora-alpha N");

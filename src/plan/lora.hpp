@@ -1,6 +1,10 @@
 // What to do with LoRA adapters: fold them into the base weights (W + scale * B @ A), export
-// them as a PEFT adapter beside the merged model, both, or drop them. Scales follow PEFT:
-// alpha / r, or alpha / sqrt(r) with rsLoRA, with per-module rank_pattern / alpha_pattern.
+// them as a PEFT adapter beside the unfolded base weights (verl's layout), both, or drop them.
+// No output directory ever holds folded weights next to an adapter: loading that base with
+// that adapter (PEFT, vLLM --enable-lora) would apply the LoRA twice. `both` therefore writes
+// the folded model at the target's root and verl's layout in its own subtree (kUnfoldedDir).
+// Scales follow PEFT: alpha / r, or alpha / sqrt(r) with rsLoRA, with per-module rank_pattern /
+// alpha_pattern.
 #pragma once
 
 #include <map>
@@ -16,6 +20,9 @@ namespace shardmerge {
 
 enum class LoraMode { Fold, Adapter, Both, Drop };
 std::optional<LoraMode> lora_mode_from_string(const std::string& s);
+
+// --lora both: the unfolded base model and its lora_adapter/ (verl's layout), under the target.
+inline constexpr const char* kUnfoldedDir = "unfolded";
 
 struct LoraConfig {
   std::optional<int64_t> r;
@@ -39,17 +46,23 @@ double lora_scale(const LoraConfig& config, const std::string& module, int64_t r
 
 struct ModelGroupsInput {
   const PeftSplit* split = nullptr;
-  LoraMode mode = LoraMode::Both;
+  LoraMode mode = LoraMode::Fold;
   std::optional<LoraConfig> config;  // needed for fold and adapter when LoRA is present
-  std::optional<double> alpha_override;
+  std::optional<double> alpha_override;  // --lora-alpha
   bool drop_tied_lm_head = false;
+  // --force-lora-alpha: --lora-alpha may replace a non-zero alpha the checkpoint records.
+  bool force_alpha = false;
 };
 
 struct ModelGroups {
-  OutputGroup model;
-  std::optional<OutputGroup> adapter;     // lora_adapter/adapter_model.safetensors
-  std::optional<Sidecar> adapter_config;  // lora_adapter/adapter_config.json
+  OutputGroup model;                      // at the target's root: folded, unless --lora adapter/drop
+  std::optional<OutputGroup> unfolded;    // --lora both: the base weights in kUnfoldedDir/
+  std::optional<OutputGroup> adapter;     // [unfolded/]lora_adapter/adapter_model.safetensors
+  std::optional<Sidecar> adapter_config;  // [unfolded/]lora_adapter/adapter_config.json
   std::vector<std::string> notes;
+
+  // Output directories that each hold an HF model and so get config.json and the tokenizer.
+  std::vector<std::string> model_dirs() const;
 };
 
 ModelGroups make_model_groups(const ModelGroupsInput& input);

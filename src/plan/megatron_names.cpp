@@ -7,6 +7,7 @@
 
 #include "plan/regions.hpp"
 #include "shardmerge/error.hpp"
+#include "util/json_fields.hpp"
 #include "util/shape.hpp"
 
 namespace shardmerge {
@@ -110,9 +111,9 @@ struct LayerTensor {
 
 class Mapper {
  public:
-  Mapper(const nlohmann::ordered_json& config, const MegatronMapOptions& options) : config_(config), options_(options) {
+  Mapper(const nlohmann::ordered_json& config, const MegatronMapOptions& options) : options_(options) {
     const std::string arch = config.contains("architectures") && config["architectures"].is_array() &&
-                                     !config["architectures"].empty()
+                                     !config["architectures"].empty() && config["architectures"][0].is_string()
                                  ? config["architectures"][0].get<std::string>()
                                  : "";
     for (const Family& f : families())
@@ -123,11 +124,22 @@ class Mapper {
       throw Error("no Megatron -> HF mapping for architecture '" + arch + "' (supported: " + known + ")");
     }
     layers_ = config_int(config, "num_hidden_layers");
+    // Head counts and sizes are bounded far above any real model, so that the QKV row
+    // arithmetic ((heads + 2 x KV heads) x head_dim) cannot overflow.
+    constexpr int64_t kMaxHeadsOrDim = int64_t{1} << 20;
     heads_ = config_int(config, "num_attention_heads");
+    if (heads_ < 1 || heads_ > kMaxHeadsOrDim)
+      throw Error("config.json has num_attention_heads " + std::to_string(heads_) + ", not a head count");
     kv_heads_ = config_int(config, "num_key_value_heads", heads_);
+    if (kv_heads_ < 1 || heads_ % kv_heads_ != 0)
+      throw Error("config.json's num_key_value_heads " + std::to_string(kv_heads_) + " does not divide num_attention_heads " +
+                  std::to_string(heads_));
     head_dim_ = config_int(config, "head_dim", config_int(config, "hidden_size") / heads_);
+    if (head_dim_ < 1 || head_dim_ > kMaxHeadsOrDim)
+      throw Error("config.json gives a head dimension of " + std::to_string(head_dim_) + ", not a size");
     vocab_ = config_int(config, "vocab_size");
-    tied_ = options.tie_word_embedding || config.value("tie_word_embeddings", false);
+    if (vocab_ < 1) throw Error("config.json has vocab_size " + std::to_string(vocab_) + ", fewer than 1");
+    tied_ = options.tie_word_embedding || json_field<bool>(config, "tie_word_embeddings", "config.json").value_or(false);
   }
 
   HfTensors run(const SourceSet& megatron) {
@@ -158,9 +170,9 @@ class Mapper {
       return;
     }
     const std::string rest = t.name.substr(prefix.size());
-    const std::string first = rest.substr(0, rest.find('.'));
-    if (auto layer = parse_index(first)) {  // per-layer key: decoder.layers.<l>.<rest>
-      add_layer_key(*layer, rest.substr(first.size() + 1), t, 0);
+    const size_t dot = rest.find('.');
+    if (auto layer = dot == std::string::npos ? std::nullopt : parse_index(rest.substr(0, dot))) {
+      add_layer_key(*layer, rest.substr(dot + 1), t, 0);  // per-layer key: decoder.layers.<l>.<rest>
       return;
     }
     // Layer-stacked: a leading [L] axis.
@@ -183,7 +195,9 @@ class Mapper {
     if (rest.rfind(grouped, 0) == 0) {
       // Grouped-GEMM experts: one more leading [E] axis.
       const size_t e_dim = drop;
-      for (int64_t e = 0; e < t.shape.at(e_dim); ++e) {
+      if (t.shape.size() <= e_dim)
+        throw Error("grouped experts tensor of shape " + shape_string(t.shape) + " has no experts axis").tensor(t.name);
+      for (int64_t e = 0; e < t.shape[e_dim]; ++e) {
         auto s = start, x = extent;
         s[e_dim] = e;
         x[e_dim] = 1;
@@ -193,17 +207,17 @@ class Mapper {
     }
     if (rest.rfind(sequential, 0) == 0) {  // SequentialMLP: mlp.experts.local_experts.<e>.<rest>
       const std::string tail = rest.substr(sequential.size());
-      const std::string id = tail.substr(0, tail.find('.'));
-      if (auto e = parse_index(id)) {
-        push(layer, *e, "mlp.experts.*." + tail.substr(id.size() + 1), t, start, extent, drop);
+      const size_t dot = tail.find('.');
+      if (auto e = dot == std::string::npos ? std::nullopt : parse_index(tail.substr(0, dot))) {
+        push(layer, *e, "mlp.experts.*." + tail.substr(dot + 1), t, start, extent, drop);
         return;
       }
     }
     if (rest.rfind("mlp.experts.", 0) == 0) {  // already per expert: mlp.experts.<e>.<rest>
       const std::string tail = rest.substr(12);
-      const std::string id = tail.substr(0, tail.find('.'));
-      if (auto e = parse_index(id)) {
-        push(layer, *e, "mlp.experts.*." + tail.substr(id.size() + 1), t, start, extent, drop);
+      const size_t dot = tail.find('.');
+      if (auto e = dot == std::string::npos ? std::nullopt : parse_index(tail.substr(0, dot))) {
+        push(layer, *e, "mlp.experts.*." + tail.substr(dot + 1), t, start, extent, drop);
         return;
       }
     }
@@ -379,7 +393,6 @@ class Mapper {
     emit(assemble(part(hf, "v"), t.dtype, with_rows(t, kv_heads_ * head_dim_), v, t.origin), key);
   }
 
-  const nlohmann::ordered_json& config_;
   MegatronMapOptions options_;
   const Family* family_ = nullptr;
   int64_t layers_ = 0, heads_ = 0, kv_heads_ = 0, head_dim_ = 0, vocab_ = 0;
@@ -394,6 +407,18 @@ class Mapper {
 std::vector<std::string> megatron_supported_architectures() {
   std::vector<std::string> out;
   for (const auto& f : families()) out.push_back(f.architecture);
+  return out;
+}
+
+std::vector<MegatronNameRule> megatron_name_rules(const std::string& architecture) {
+  std::vector<MegatronNameRule> out;
+  for (const auto& f : families())
+    if (architecture == f.architecture)
+      for (const Rule& r : f.rules)
+        out.push_back({r.split == Split::Qkv      ? MegatronNameRule::Split::Qkv
+                       : r.split == Split::GateUp ? MegatronNameRule::Split::GateUp
+                                                  : MegatronNameRule::Split::None,
+                       r.megatron, r.hf});
   return out;
 }
 

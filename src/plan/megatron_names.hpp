@@ -27,6 +27,17 @@ struct HfTensors {
 HfTensors map_megatron_to_hf(const SourceSet& megatron, const nlohmann::ordered_json& config,
                              const MegatronMapOptions& options);
 
+// One row of an architecture's table, for readers that map names on their own (verify):
+// `megatron` is the per-layer name after "decoder.layers.<l>." ("*" stands for an expert id),
+// `hf` the name after "model.layers.<l>." ("*" the expert id, "{}" the split part).
+struct MegatronNameRule {
+  enum class Split { None, Qkv, GateUp } split = Split::None;
+  std::string megatron;
+  std::string hf;
+};
+// The table of `architecture`; empty when there is none.
+std::vector<MegatronNameRule> megatron_name_rules(const std::string& architecture);
+
 // The architectures (config.json `architectures[0]`) that have a table.
 std::vector<std::string> megatron_supported_architectures();
 

@@ -77,6 +77,7 @@ nlohmann::ordered_json to_json(const MergePlan& plan) {
   j["bytes_read"] = plan.bytes_read();
   j["bytes_written"] = plan.bytes_written();
   j["notes"] = plan.notes;
+  j["warnings"] = plan.warnings;
   auto& files = j["files"] = nlohmann::ordered_json::array();
   for (const auto& f : plan.files) files.push_back({{"name", f.name}, {"size", f.size}, {"header_bytes", f.header.size()}});
   auto& tensors = j["tensors"] = nlohmann::ordered_json::array();
@@ -108,6 +109,14 @@ nlohmann::ordered_json to_json(const MergePlan& plan) {
     for (const auto& s : t.copies) copies.push_back(slice_json(plan, s));
     tensors.push_back(std::move(tj));
   }
+  auto& records = j["records"] = nlohmann::ordered_json::array();
+  for (const auto& r : plan.records)
+    records.push_back({{"file", plan.sources.at(r.file).path},
+                       {"record", r.record},
+                       {"tensor", r.tensor},
+                       {"offset", r.offset},
+                       {"size", r.size},
+                       {"crc32", r.crc32}});
   auto& side = j["sidecars"] = nlohmann::ordered_json::array();
   for (const auto& s : plan.sidecars)
     side.push_back({{"name", s.name}, {"from", s.content ? std::string("(generated)") : s.source}});

@@ -10,6 +10,7 @@
 #include "layouts/fsdp.hpp"
 #include "layouts/hf.hpp"
 #include "layouts/megatron.hpp"
+#include "plan/hf_config_check.hpp"
 #include "plan/megatron_names.hpp"
 #include "plan/peft_names.hpp"
 #include "util/file.hpp"
@@ -60,7 +61,9 @@ MergePlan finish_plan(const SourceSet& sources, const std::string& source_dir, M
   PlanInput in;
   in.sources = &sources;
   in.source_dir = source_dir;
+  in.model_dirs = groups.model_dirs();
   in.groups.push_back(std::move(groups.model));
+  if (groups.unfolded) in.groups.push_back(std::move(*groups.unfolded));
   if (groups.adapter) in.groups.push_back(std::move(*groups.adapter));
   if (groups.adapter_config) in.extra_sidecars.push_back(*groups.adapter_config);
   in.hf = hf;
@@ -78,6 +81,14 @@ std::optional<layouts::HfTree> hf_model_path_tree(const MergeRequest& req, std::
   return tree;
 }
 
+// The --hf_model_path config must describe these weights (HF names).
+void check_given_config(const std::optional<layouts::HfTree>& given, const std::vector<NamedShape>& shapes,
+                        const std::string& weights) {
+  if (given)
+    check_config_matches_weights(given->config, (std::filesystem::path(given->path) / "config.json").string(), shapes,
+                                 weights);
+}
+
 PlannedMerge plan_fsdp(const MergeRequest& req, const layouts::FsdpRole& role, std::vector<std::string> notes) {
   PlannedMerge out;
   out.role_dir = role.path;
@@ -86,6 +97,9 @@ PlannedMerge plan_fsdp(const MergeRequest& req, const layouts::FsdpRole& role, s
   const layouts::HfTree* hf = given ? &*given : role.huggingface ? &*role.huggingface : nullptr;
 
   const PeftSplit split = split_peft_names(out.sources);
+  std::vector<NamedShape> base_shapes;
+  for (const auto& [name, tensor] : split.base) base_shapes.emplace_back(name, &tensor->shape);
+  check_given_config(given, base_shapes, role.path);
   const std::optional<LoraConfig> lora_config = split.lora.empty() ? std::nullopt : fsdp_lora_config(role);
   out.lora_summary = describe_lora(split, lora_config);
 
@@ -95,7 +109,8 @@ PlannedMerge plan_fsdp(const MergeRequest& req, const layouts::FsdpRole& role, s
     notes.push_back("--tie-word-embedding is ignored for FSDP (as verl's merger does): config.json does not tie the "
                     "embeddings, so a saved lm_head.weight is a trained matrix of its own and is kept");
   if (req.is_value_model) notes.push_back("--is-value-model only changes Megatron merges; FSDP value heads are written as saved");
-  out.plan = finish_plan(out.sources, role.path, make_model_groups({&split, req.lora, lora_config, req.lora_alpha, tied}),
+  out.plan = finish_plan(out.sources, role.path,
+                         make_model_groups({&split, req.lora, lora_config, req.lora_alpha, tied, req.force_lora_alpha}),
                          hf, std::move(notes), req.output);
   return out;
 }
@@ -111,7 +126,8 @@ PlannedMerge plan_megatron(const MergeRequest& req, const layouts::MegatronRole&
     // left in the weights themselves (verl#4761).
     const std::string adapter = (std::filesystem::path(hf->path) / "adapter").string();
     if (std::filesystem::is_regular_file(std::filesystem::path(adapter) / "adapter_config.json")) {
-      PlannedMerge folded = plan_fold_lora({hf->path, adapter, req.output, req.lora, req.lora_alpha});
+      PlannedMerge folded =
+          plan_fold_lora({hf->path, adapter, req.output, req.lora, req.lora_alpha, req.force_lora_alpha});
       folded.role_dir = role.path;
       folded.other_source_dirs.clear();
       folded.plan.notes.insert(folded.plan.notes.begin(), "the checkpoint's HF weights in " + hf->path +
@@ -126,7 +142,8 @@ PlannedMerge plan_megatron(const MergeRequest& req, const layouts::MegatronRole&
     if (!split.lora.empty()) lora_config = megatron_lora_config(role, hf);
     out.lora_summary = describe_lora(split, lora_config);
     out.plan = finish_plan(out.sources, role.path,
-                           make_model_groups({&split, req.lora, lora_config, req.lora_alpha, config_ties_embeddings(hf)}),
+                           make_model_groups({&split, req.lora, lora_config, req.lora_alpha, config_ties_embeddings(hf),
+                                              req.force_lora_alpha}),
                            hf, std::move(notes), req.output);
     return out;
   }
@@ -149,9 +166,17 @@ PlannedMerge plan_megatron(const MergeRequest& req, const layouts::MegatronRole&
   MegatronMapOptions map_options;
   map_options.value_model = req.is_value_model;
   map_options.tie_word_embedding = req.tie_word_embedding;
-  HfTensors mapped = map_megatron_to_hf(megatron, hf->config, map_options);
+  HfTensors mapped;
+  try {
+    mapped = map_megatron_to_hf(megatron, hf->config, map_options);
+  } catch (Error& e) {
+    // The mapping reads head and layer counts from the config: name the file the user gave.
+    if (given) e.file((std::filesystem::path(given->path) / "config.json").string());
+    throw;
+  }
   out.sources.description = megatron.description;
   out.sources.files = std::move(megatron.files);
+  out.sources.records = std::move(megatron.records);
   out.sources.notes = std::move(megatron.notes);
   // Base weights first, then the LoRA tensors the mapping named as in a saved PEFT adapter.
   const auto lora_begin = std::stable_partition(mapped.tensors.begin(), mapped.tensors.end(), [](const SourceTensor& t) {
@@ -163,13 +188,17 @@ PlannedMerge plan_megatron(const MergeRequest& req, const layouts::MegatronRole&
 
   PeftSplit split;
   const std::span<const SourceTensor> all(out.sources.tensors);
+  std::vector<NamedShape> base_shapes;
+  for (const SourceTensor& t : all.first(base_count)) base_shapes.emplace_back(t.name, &t.shape);
+  check_given_config(given, base_shapes, role.path);
   add_peft_tensors(split, all.first(base_count), /*saved_adapter=*/false);
   add_peft_tensors(split, all.subspan(base_count), /*saved_adapter=*/true);
   std::optional<LoraConfig> lora_config;
   if (!split.lora.empty()) lora_config = megatron_lora_config(role, hf);
   out.lora_summary = describe_lora(split, lora_config);
   // The mapping already dropped a tied output layer.
-  out.plan = finish_plan(out.sources, role.path, make_model_groups({&split, req.lora, lora_config, req.lora_alpha, false}),
+  out.plan = finish_plan(out.sources, role.path,
+                         make_model_groups({&split, req.lora, lora_config, req.lora_alpha, false, req.force_lora_alpha}),
                          hf, std::move(notes), req.output);
   return out;
 }
@@ -210,10 +239,31 @@ PlannedMerge plan_fold_lora(const FoldLoraRequest& req) {
   const LoraConfig config = lora_config_from_adapter_config(adapter.config, adapter.config_path);
   out.lora_summary = describe_lora(split, config);
   out.plan = finish_plan(out.sources, req.adapter_dir,
-                         make_model_groups({&split, req.lora, config, req.lora_alpha, config_ties_embeddings(&hf)}), &hf,
-                         std::move(notes), req.output);
+                         make_model_groups({&split, req.lora, config, req.lora_alpha, config_ties_embeddings(&hf),
+                                            req.force_lora_alpha}),
+                         &hf, std::move(notes), req.output);
   return out;
 }
+
+namespace {
+
+// Why `merge` refuses a directory of this kind, and what to run instead.
+std::string not_mergeable_reason(layouts::Kind kind, const std::string& dir) {
+  switch (kind) {
+    case layouts::Kind::HfTree:
+      return "it is a HuggingFace model directory, not a training checkpoint (nothing to merge; `shardmerge verify` "
+             "or `shardmerge diff` compare it)";
+    case layouts::Kind::PeftAdapter:
+      return "it is a PEFT adapter directory, not a training checkpoint (`shardmerge fold-lora --base BASE_HF_DIR "
+             "--adapter " + dir + " --target_dir OUT` folds it into a model)";
+    default:
+      return "it is not a checkpoint shardmerge recognises (no verl FSDP rank files model_world_size_W_rank_R.pt, "
+             "no Megatron dist_ckpt/ or mp_rank_*/, no run or step root); `shardmerge inspect " + dir +
+             "` says what it holds";
+  }
+}
+
+}  // namespace
 
 PlannedMerge plan_merge(const MergeRequest& req) {
   std::vector<std::string> notes;
@@ -229,9 +279,7 @@ PlannedMerge plan_merge(const MergeRequest& req) {
     throw Error(std::string("--backend megatron, but this is a ") + layouts::kind_name(layout.kind)).file(role_dir);
   if (fsdp) return plan_fsdp(req, std::get<layouts::FsdpRole>(layout.info), std::move(notes));
   if (megatron) return plan_megatron(req, std::get<layouts::MegatronRole>(layout.info), std::move(notes));
-  throw Error(std::string("cannot merge a ") + layouts::kind_name(layout.kind) + "; run `shardmerge inspect " + role_dir +
-              "` to see what it holds")
-      .file(role_dir);
+  throw Error("cannot merge " + role_dir + ": " + not_mergeable_reason(layout.kind, role_dir));
 }
 
 }  // namespace shardmerge

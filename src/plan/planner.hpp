@@ -18,8 +18,9 @@ struct MergeRequest {
   std::string backend = "auto";  // auto | fsdp | megatron
   std::string role = "actor";    // followed from a run or step root
   OutputOptions output;
-  LoraMode lora = LoraMode::Both;
+  LoraMode lora = LoraMode::Fold;
   std::optional<double> lora_alpha;
+  bool force_lora_alpha = false;  // lora_alpha may replace the alpha the checkpoint records
   bool tie_word_embedding = false;  // verl's flag: drop lm_head even if config.json does not say tied
   bool is_value_model = false;
   std::string hf_model_path;  // config/tokenizer source replacing the checkpoint's huggingface/
@@ -56,6 +57,7 @@ struct FoldLoraRequest {
   OutputOptions output;
   LoraMode lora = LoraMode::Fold;
   std::optional<double> lora_alpha;
+  bool force_lora_alpha = false;
 };
 PlannedMerge plan_fold_lora(const FoldLoraRequest& request);
 

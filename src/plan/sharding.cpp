@@ -123,12 +123,21 @@ std::vector<Slice> view_to_slices(uint32_t file, uint64_t storage_offset_in_file
 
 std::optional<TilingProblem> check_tiling(const std::vector<int64_t>& shape, const std::vector<Slice>& slices) {
   const size_t ndim = shape.size();
+  // Shapes come from metadata (DCP .metadata, DTensor specs) that nothing else bounds. With at
+  // most 2^63 - 1 elements (torch's own limit) every in-bounds piece's count fits 64 bits,
+  // and their sum fits the 128-bit `covered`.
+  int64_t total = 1;
+  for (int64_t d : shape)
+    if (d < 0 || __builtin_mul_overflow(total, d, &total))
+      return TilingProblem{TilingProblem::Kind::OutOfBounds, 0, 0,
+                           "tensor shape " + shape_string(shape) + " has a negative dimension or more than 2^63 elements"};
   unsigned __int128 covered = 0;
   for (size_t i = 0; i < slices.size(); ++i) {
     const Slice& s = slices[i];
     bool in_bounds = s.start.size() == ndim && s.extent.size() == ndim;
+    // start + extent <= shape, written so that neither side can overflow.
     for (size_t d = 0; in_bounds && d < ndim; ++d)
-      in_bounds = s.start[d] >= 0 && s.extent[d] >= 0 && s.start[d] + s.extent[d] <= shape[d];
+      in_bounds = s.start[d] >= 0 && s.extent[d] >= 0 && s.start[d] <= shape[d] && s.extent[d] <= shape[d] - s.start[d];
     if (!in_bounds)
       return TilingProblem{TilingProblem::Kind::OutOfBounds, i, i,
                            "piece at " + shape_string(s.start) + " of size " + shape_string(s.extent) +
@@ -155,12 +164,10 @@ std::optional<TilingProblem> check_tiling(const std::vector<int64_t>& shape, con
                              "pieces at " + shape_string(sa.start) + " and " + shape_string(sb.start) + " overlap"};
     }
   }
-  unsigned __int128 total = 1;
-  for (int64_t d : shape) total *= static_cast<uint64_t>(d);
-  if (covered != total)
+  if (covered != static_cast<uint64_t>(total))
     return TilingProblem{TilingProblem::Kind::Gap, 0, 0,
-                         "pieces cover " + std::to_string(static_cast<uint64_t>(covered)) + " of " +
-                             std::to_string(static_cast<uint64_t>(total)) + " elements"};
+                         "pieces cover " + std::to_string(static_cast<uint64_t>(covered)) + " of " + std::to_string(total) +
+                             " elements"};
   return std::nullopt;
 }
 

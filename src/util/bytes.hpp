@@ -21,7 +21,4 @@ inline void append_le(std::string& out, T v) {
   out.append(buf, sizeof v);
 }
 
-// CRC-32 (IEEE, as zip uses), incremental: crc32_update(0, ...) starts a new checksum.
-uint32_t crc32_update(uint32_t crc, const void* data, size_t n);
-
 }  // namespace shardmerge

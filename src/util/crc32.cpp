@@ -1,45 +1,17 @@
-#include <array>
+#include "util/crc32.hpp"
 
-#include "util/bytes.hpp"
+#include <isa-l/crc.h>
+#include <zlib.h>
 
 namespace shardmerge {
-namespace {
-
-// Slicing-by-8 tables for the reflected IEEE polynomial.
-struct Crc32Tables {
-  std::array<std::array<uint32_t, 256>, 8> t{};
-  Crc32Tables() {
-    for (uint32_t i = 0; i < 256; ++i) {
-      uint32_t c = i;
-      for (int k = 0; k < 8; ++k) c = (c & 1) ? 0xEDB88320u ^ (c >> 1) : c >> 1;
-      t[0][i] = c;
-    }
-    for (uint32_t i = 0; i < 256; ++i)
-      for (size_t s = 1; s < 8; ++s) t[s][i] = (t[s - 1][i] >> 8) ^ t[0][t[s - 1][i] & 0xFF];
-  }
-};
-
-const Crc32Tables& tables() {
-  static const Crc32Tables tables;
-  return tables;
-}
-
-}  // namespace
 
 uint32_t crc32_update(uint32_t crc, const void* data, size_t n) {
-  const auto& t = tables().t;
-  const auto* p = static_cast<const uint8_t*>(data);
-  crc = ~crc;
-  while (n >= 8) {
-    uint32_t lo = load_le<uint32_t>(p) ^ crc;
-    uint32_t hi = load_le<uint32_t>(p + 4);
-    crc = t[7][lo & 0xFF] ^ t[6][(lo >> 8) & 0xFF] ^ t[5][(lo >> 16) & 0xFF] ^ t[4][lo >> 24] ^
-          t[3][hi & 0xFF] ^ t[2][(hi >> 8) & 0xFF] ^ t[1][(hi >> 16) & 0xFF] ^ t[0][hi >> 24];
-    p += 8;
-    n -= 8;
-  }
-  while (n--) crc = t[0][(crc ^ *p++) & 0xFF] ^ (crc >> 8);
-  return ~crc;
+  return crc32_gzip_refl(crc, static_cast<const unsigned char*>(data), n);
+}
+
+uint32_t crc32_concat(uint32_t crc_a, uint32_t crc_b, uint64_t length_b) {
+  static_assert(sizeof(z_off_t) >= sizeof(uint64_t), "zlib's offsets must hold any record length");
+  return static_cast<uint32_t>(::crc32_combine(crc_a, crc_b, static_cast<z_off_t>(length_b)));
 }
 
 }  // namespace shardmerge

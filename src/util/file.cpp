@@ -100,6 +100,9 @@ void File::allocate(uint64_t size) const {
   if (size == 0) return;
   int rc = ::posix_fallocate(fd_, 0, static_cast<off_t>(size));
   if (rc == 0) return;
+  // Out of space fails now, before any tensor is written, not later in the middle of one.
+  if (rc == ENOSPC || rc == EDQUOT || rc == EFBIG)
+    throw Error("cannot reserve " + std::to_string(size) + " bytes: " + std::strerror(rc)).file(path_);
   // Filesystems without fallocate (some network/overlay mounts): a sparse file still works.
   if (::ftruncate(fd_, static_cast<off_t>(size)) != 0) throw sys_error("cannot size output file", path_);
 }

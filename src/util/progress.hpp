@@ -12,6 +12,8 @@ namespace shardmerge {
 
 class Progress {
  public:
+  // total_bytes: the sum add() reaches when the work is done (for a merge, the tensor bytes the
+  // executor reports, not the file sizes, which include headers), so the bar ends at 100 %.
   Progress(std::string label, uint64_t total_bytes, bool enabled);
   Progress(const Progress&) = delete;
   Progress& operator=(const Progress&) = delete;

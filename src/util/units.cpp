@@ -46,10 +46,8 @@ std::string format_bytes(uint64_t bytes) {
 }
 
 std::string format_rate(uint64_t bytes, double secs) {
-  if (secs <= 0) return "- GB/s";
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%.2f GB/s", static_cast<double>(bytes) / secs / 1e9);
-  return buf;
+  if (secs <= 0) return "- B/s";
+  return format_bytes(static_cast<uint64_t>(static_cast<double>(bytes) / secs)) + "/s";
 }
 
 }  // namespace shardmerge

@@ -10,6 +10,6 @@ namespace shardmerge {
 // KiB/MiB/GiB/TiB (powers of 1024), case-insensitive, e.g. "5GB", "500MiB", "1.5gb".
 uint64_t parse_size(const std::string& text);
 std::string format_bytes(uint64_t bytes);             // "1.26 GB"
-std::string format_rate(uint64_t bytes, double secs);  // "2.31 GB/s"
+std::string format_rate(uint64_t bytes, double secs);  // "2.31 GB/s", "4.20 MB/s"
 
 }  // namespace shardmerge

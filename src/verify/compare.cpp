@@ -60,7 +60,7 @@ TensorDiff compare_elements(const uint8_t* a, const uint8_t* b, DType dtype, siz
 }
 
 bool TreeDiff::equal() const {
-  if (!missing.empty() || !unexpected.empty() || !mismatched_meta.empty()) return false;
+  if (!missing.empty() || !unexpected.empty() || !mismatched_meta.empty() || !not_covered.empty()) return false;
   for (const auto& [_, v] : values)
     if (v.mismatched) return false;
   return true;
@@ -74,6 +74,7 @@ std::vector<std::string> TreeDiff::report(size_t max_lines) const {
   for (const auto& n : missing) add("missing: " + n);
   for (const auto& n : unexpected) add("unexpected: " + n);
   for (const auto& n : mismatched_meta) add("differs: " + n);
+  for (const auto& n : not_covered) add("not covered exactly once: " + n);
   for (const auto& [name, v] : values)
     if (v.mismatched)
       add("values differ: " + name + ": " + std::to_string(v.mismatched) + " of " + std::to_string(v.elements) +
@@ -153,6 +154,27 @@ TreeDiff CompareSink::result() const {
 
 // ---- diff ----------------------------------------------------------------------------------
 
+namespace {
+
+// Every element of one tensor in both trees, `chunk_elements` at a time (ba and bb hold that
+// many of either side): `compare(n)` compares the raw bytes of the same n elements of each side.
+template <typename Compare>
+TensorDiff stream_pair(const File& fa, const SafetensorsTensor& ta, const File& fb, const SafetensorsTensor& tb,
+                       size_t chunk_elements, std::vector<uint8_t>& ba, std::vector<uint8_t>& bb, Compare compare) {
+  const size_t esa = dtype_size(ta.dtype), esb = dtype_size(tb.dtype);
+  const uint64_t elements = ta.nbytes / esa;
+  TensorDiff total;
+  for (uint64_t pos = 0; pos < elements; pos += chunk_elements) {
+    const size_t n = static_cast<size_t>(std::min<uint64_t>(chunk_elements, elements - pos));
+    fa.read_exact(ta.file_offset + pos * esa, ba.data(), n * esa);
+    fb.read_exact(tb.file_offset + pos * esb, bb.data(), n * esb);
+    total.merge(compare(n));
+  }
+  return total;
+}
+
+}  // namespace
+
 TreeDiff diff_trees(const HfWeights& a, const HfWeights& b, double atol) {
   TreeDiff d;
   std::vector<File> fa, fb;
@@ -160,6 +182,8 @@ TreeDiff diff_trees(const HfWeights& a, const HfWeights& b, double atol) {
   for (const auto& f : b.files) fb.push_back(File::open_read(f.path()));
   constexpr size_t kChunk = 16u << 20;
   std::vector<uint8_t> ba(kChunk), bb(kChunk);
+  constexpr size_t kFp32Chunk = kChunk / 8;  // elements: fits ba and bb for every dtype up to 8 bytes
+  std::vector<float> va, vb;                  // both sides as fp32, when their dtypes differ
   for (const auto& [name, ra] : a.tensors) {
     auto it = b.tensors.find(name);
     if (it == b.tensors.end()) {
@@ -168,21 +192,34 @@ TreeDiff diff_trees(const HfWeights& a, const HfWeights& b, double atol) {
     }
     const SafetensorsTensor& ta = *ra.tensor;
     const SafetensorsTensor& tb = *it->second.tensor;
-    if (ta.dtype != tb.dtype || ta.shape != tb.shape) {
+    const File& file_a = fa[ra.file];
+    const File& file_b = fb[it->second.file];
+    const bool floats = convertible_float(ta.dtype) && convertible_float(tb.dtype);
+    if (ta.shape != tb.shape || (ta.dtype != tb.dtype && !(floats && atol > 0))) {
+      // A tolerance makes values, not encodings, the question: with one, floats of different
+      // dtypes are compared as fp32 below.
+      const bool hint = ta.shape == tb.shape && floats;
       d.mismatched_meta.push_back(name + ": " + std::string(dtype_name(ta.dtype)) + " " + shape_string(ta.shape) + " vs " +
-                                  std::string(dtype_name(tb.dtype)) + " " + shape_string(tb.shape));
+                                  std::string(dtype_name(tb.dtype)) + " " + shape_string(tb.shape) +
+                                  (hint ? " (with --atol the values are compared as fp32)" : ""));
       continue;
     }
-    const size_t es = dtype_size(ta.dtype);
-    const size_t chunk = kChunk / es * es;
-    TensorDiff total;
-    for (uint64_t pos = 0; pos < ta.nbytes; pos += chunk) {
-      const size_t len = static_cast<size_t>(std::min<uint64_t>(chunk, ta.nbytes - pos));
-      fa[ra.file].read_exact(ta.file_offset + pos, ba.data(), len);
-      fb[it->second.file].read_exact(tb.file_offset + pos, bb.data(), len);
-      total.merge(compare_elements(ba.data(), bb.data(), ta.dtype, len / es, atol));
+    if (ta.dtype == tb.dtype) {
+      d.values[name] = stream_pair(file_a, ta, file_b, tb, kChunk / dtype_size(ta.dtype), ba, bb, [&](size_t n) {
+        return compare_elements(ba.data(), bb.data(), ta.dtype, n, atol);
+      });
+      continue;
     }
-    d.values[name] = total;
+    d.compared_as_fp32.push_back(name + ": " + std::string(dtype_name(ta.dtype)) + " vs " +
+                                 std::string(dtype_name(tb.dtype)));
+    va.resize(kFp32Chunk);
+    vb.resize(kFp32Chunk);
+    d.values[name] = stream_pair(file_a, ta, file_b, tb, kFp32Chunk, ba, bb, [&](size_t n) {
+      convert_elements(ba.data(), ta.dtype, 1, va.data(), DType::F32, n);
+      convert_elements(bb.data(), tb.dtype, 1, vb.data(), DType::F32, n);
+      return compare_elements(reinterpret_cast<const uint8_t*>(va.data()), reinterpret_cast<const uint8_t*>(vb.data()),
+                              DType::F32, n, atol);
+    });
   }
   for (const auto& [name, _] : b.tensors)
     if (!a.tensors.count(name)) d.unexpected.push_back(name);

@@ -30,13 +30,16 @@ struct TreeDiff {
   std::vector<std::string> missing;      // expected but absent from the tree under test
   std::vector<std::string> unexpected;   // present in the tree under test only
   std::vector<std::string> mismatched_meta;  // "name: shape/dtype A vs B"
+  std::vector<std::string> not_covered;      // verify: "name: N element(s) held by no source piece or by several"
   std::map<std::string, TensorDiff> values;  // per compared tensor
+  std::vector<std::string> compared_as_fp32;  // diff --atol: "name: bfloat16 vs float32" (not a difference)
   bool equal() const;
   std::vector<std::string> report(size_t max_lines) const;
 };
 
-// An OutputSink that, instead of writing, compares every byte a merge produces with the same
-// tensor in a reference HF tree. Used by `verify`: no output is written at all.
+// An OutputSink that, instead of writing, compares every byte an executor produces with the
+// same tensor in a reference HF tree: one executor checked against another's output (the
+// executor tests). `verify` does not use it: it must not share the plan it checks.
 class CompareSink : public OutputSink {
  public:
   CompareSink(const MergePlan& plan, const HfWeights& reference, double atol);
@@ -62,7 +65,8 @@ class CompareSink : public OutputSink {
   mutable std::map<std::string, TensorDiff> values_;
 };
 
-// `diff A B`: every tensor of two HF trees, streamed through bounded buffers.
+// `diff A B`: every tensor of two HF trees, streamed through bounded buffers. With atol > 0,
+// floating-point tensors whose dtypes differ are compared by value, both sides as fp32.
 TreeDiff diff_trees(const HfWeights& a, const HfWeights& b, double atol);
 
 }  // namespace shardmerge

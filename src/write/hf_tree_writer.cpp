@@ -1,13 +1,20 @@
 #include "write/hf_tree_writer.hpp"
 
 #include <fcntl.h>
+#include <stdio.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <atomic>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
 #include <filesystem>
 
 #include "exec/io.hpp"
 #include "shardmerge/error.hpp"
+#include "util/free_space.hpp"
+#include "write/stale_temps.hpp"
 
 namespace fs = std::filesystem;
 
@@ -41,62 +48,143 @@ std::string without_trailing_separator(const std::string& target) {
   return p.empty() ? target : p.string();
 }
 
+// The directory the output will be renamed to: absolute, with every symlink resolved, the last
+// component's too (also a dangling one: the output goes where it points). The temp directory
+// is made beside this path, so the rename never crosses filesystems, and a symlink the user
+// gave as the target is never replaced or removed: it points to the output afterwards.
+fs::path resolve_target(const std::string& target) {
+  fs::path p = fs::absolute(target).lexically_normal();
+  if (p.filename().empty()) p = p.parent_path();
+  for (int hops = 0; hops < 40; ++hops) {
+    std::error_code ec;
+    const fs::path parent = fs::weakly_canonical(p.parent_path(), ec);
+    p = (ec ? p.parent_path() : parent) / p.filename();
+    if (!fs::is_symlink(p, ec)) return p;
+    const fs::path link = fs::read_symlink(p, ec);
+    if (ec) return p;
+    p = (link.is_absolute() ? link : p.parent_path() / link).lexically_normal();
+    if (p.filename().empty()) p = p.parent_path();
+  }
+  throw usage_error("target " + target + ": too many levels of symbolic links");
+}
+
+std::string errno_text(int err) { return std::strerror(err); }
+
 }  // namespace
 
 HfTreeWriter::HfTreeWriter(std::string target, bool force, const std::string& source_dir)
-    : target_(without_trailing_separator(target)), force_(force) {
-  std::error_code ec;
-  const fs::path abs_target = fs::weakly_canonical(fs::absolute(target_), ec);
+    : display_(without_trailing_separator(target)), target_(resolve_target(display_).string()), force_(force) {
   if (!source_dir.empty()) refuse_overlap(source_dir);
-  if (fs::exists(target_, ec)) {
-    if (!fs::is_directory(target_, ec)) throw usage_error("target " + target_ + " exists and is not a directory");
-    if (!fs::is_empty(target_, ec) && !force_)
-      throw usage_error("target directory " + target_ + " exists and is not empty; pass --force to replace it");
-  }
-  const fs::path parent = abs_target.parent_path();
-  if (!fs::is_directory(parent, ec)) fs::create_directories(parent, ec);
-  if (!fs::is_directory(parent, ec)) throw Error("cannot create the parent directory " + parent.string());
+  check_target();
   static std::atomic<int> counter{0};
-  temp_ = (parent / (abs_target.filename().string() + ".tmp-" + std::to_string(::getpid()) + "-" +
-                     std::to_string(counter++)))
+  const fs::path t(target_);
+  temp_ = (t.parent_path() / (t.filename().string() + ".tmp-" + std::to_string(::getpid()) + "-" +
+                              std::to_string(counter++)))
               .string();
 }
 
 HfTreeWriter::~HfTreeWriter() {
   files_.clear();
-  if (!committed_ && !attached_ && !temp_.empty()) {
-    std::error_code ec;
-    fs::remove_all(temp_, ec);
-  }
+  std::error_code ec;
+  if (created_ && !committed_) fs::remove_all(temp_, ec);
+  lock_.release();
+  if (!committed_)
+    for (auto it = created_parents_.rbegin(); it != created_parents_.rend(); ++it) ::rmdir(it->c_str());
+  cleanup_.clear();
+}
+
+void HfTreeWriter::check_target() const {
+  std::error_code ec;
+  const fs::file_status st = fs::symlink_status(target_, ec);
+  if (!fs::exists(st)) return;
+  if (!fs::is_directory(st)) throw usage_error("target " + display_ + " exists and is not a directory");
+  if (!fs::is_empty(target_, ec) && !force_)
+    throw usage_error("target directory " + display_ + " exists and is not empty; pass --force to replace it");
 }
 
 void HfTreeWriter::refuse_overlap(const std::string& source_dir) const {
   std::error_code ec;
-  const fs::path abs_target = fs::weakly_canonical(fs::absolute(target_), ec);
+  const fs::path abs_target(target_);
   const fs::path abs_source = fs::weakly_canonical(fs::absolute(source_dir), ec);
   if (is_inside(abs_target, abs_source))
-    throw usage_error("target directory " + target_ + " is inside the source " + source_dir +
+    throw usage_error("target directory " + display_ + " is inside the source " + source_dir +
                       "; shardmerge never writes into its sources");
   if (is_inside(abs_source, abs_target) && force_)
-    throw usage_error("target directory " + target_ + " contains the source " + source_dir + "; refusing to replace it");
+    throw usage_error("target directory " + display_ + " contains the source " + source_dir + "; refusing to replace it");
 }
 
 void HfTreeWriter::refuse_replacing_sources(const MergePlan& plan) const {
   if (!force_) return;
   std::error_code ec;
-  const fs::path abs_target = fs::weakly_canonical(fs::absolute(target_), ec);
+  const fs::path abs_target(target_);
   auto check = [&](const std::string& path) {
     if (!path.empty() && is_inside(fs::weakly_canonical(fs::absolute(path), ec), abs_target))
-      throw usage_error("target directory " + target_ + " holds " + path + ", which this merge reads; refusing to replace it");
+      throw usage_error("target directory " + display_ + " holds " + path + ", which this merge reads; refusing to replace it");
   };
   for (const SourceFile& f : plan.sources) check(f.path);
   for (const Sidecar& s : plan.sidecars) check(s.source);
 }
 
+void HfTreeWriter::create_parents() {
+  std::vector<fs::path> missing;
+  std::error_code ec;
+  for (fs::path p = fs::path(target_).parent_path(); !p.empty() && !fs::exists(fs::symlink_status(p, ec));
+       p = p.parent_path()) {
+    missing.push_back(p);
+    if (p == p.root_path()) break;
+  }
+  for (auto it = missing.rbegin(); it != missing.rend(); ++it) {
+    cleanup_.emplace_back(it->string(), interrupt::Removal::EmptyDir);
+    if (::mkdir(it->c_str(), 0777) != 0 && errno != EEXIST)
+      throw Error("cannot create the parent directory: " + errno_text(errno)).file(it->string());
+    created_parents_.push_back(it->string());
+  }
+  if (!fs::is_directory(fs::path(target_).parent_path(), ec))
+    throw Error("the parent of the target is not a directory").file(fs::path(target_).parent_path().string());
+}
+
+void HfTreeWriter::lock_target() {
+  const fs::path t(target_);
+  std::string name = ".";  // (built in steps: GCC 12 warns falsely on "." + string)
+  name += t.filename().string();
+  name += ".shardmerge.lock";
+  const std::string lock_file = (t.parent_path() / name).string();
+  cleanup_.emplace_back(lock_file, interrupt::Removal::File);
+  lock_ = DirLock::try_lock(lock_file);
+  if (!lock_.locked()) {
+    cleanup_.pop_back();  // the file is the other run's
+    throw Error("another shardmerge run is writing " + display_ + " (it holds " + lock_file +
+                "); wait for it to finish or choose another --target_dir");
+  }
+}
+
+void HfTreeWriter::require_space(const MergePlan& plan) const {
+  uint64_t needed = 0;
+  for (const OutputFile& f : plan.files) needed += f.size;
+  std::error_code ec;
+  for (const Sidecar& s : plan.sidecars) {
+    if (s.content) needed += s.content->size();
+    else if (const auto n = fs::file_size(s.source, ec); !ec) needed += n;
+  }
+  const std::string parent = fs::path(target_).parent_path().string();
+  require_free_space(needed, free_bytes(parent), parent);
+}
+
 void HfTreeWriter::create(const MergePlan& plan, const std::vector<bool>& owned) {
   refuse_replacing_sources(plan);
-  std::error_code ec;
-  if (!fs::create_directory(temp_, ec)) throw Error("cannot create temp directory: " + ec.message()).file(temp_);
+  create_parents();
+  lock_target();
+  for (const std::string& note : clean_stale_temps(target_)) std::fprintf(stderr, "shardmerge: note: %s\n", note.c_str());
+  // Again, under the lock: another run may have committed since the constructor, or a target
+  // moved aside by a killed --force run may have been put back.
+  check_target();
+  require_space(plan);
+  {
+    auto hold = interrupt::hold_off();
+    if (::mkdir(temp_.c_str(), 0777) != 0) throw Error("cannot create temp directory: " + errno_text(errno)).file(temp_);
+    created_ = true;
+    cleanup_.emplace_back(temp_, interrupt::Removal::Tree);
+  }
   create_files(plan, owned);
 }
 
@@ -116,7 +204,11 @@ void HfTreeWriter::create_files(const MergePlan& plan, const std::vector<bool>& 
     if (!owned.empty() && !owned[i]) continue;
     const OutputFile& f = plan.files[i];
     const fs::path path = fs::path(temp_) / f.name;
-    fs::create_directories(path.parent_path(), ec);
+    {
+      // Under hold_off: an interrupt that removed the temp directory must not see it made again.
+      auto hold = interrupt::hold_off();
+      if (fs::is_directory(temp_)) fs::create_directories(path.parent_path(), ec);
+    }
     File file = File::create(path.string());
     file.allocate(f.size);
     file.write_exact(0, f.header.data(), f.header.size());
@@ -147,7 +239,10 @@ void HfTreeWriter::commit(const MergePlan& plan) {
   std::error_code ec;
   for (const Sidecar& s : plan.sidecars) {
     const fs::path path = fs::path(temp_) / s.name;
-    fs::create_directories(path.parent_path(), ec);
+    {
+      auto hold = interrupt::hold_off();
+      if (fs::is_directory(temp_)) fs::create_directories(path.parent_path(), ec);
+    }
     const std::string content = s.content ? *s.content : read_small_file(s.source, 1ull << 30);
     File f = File::create(path.string());
     f.write_exact(0, content.data(), content.size());
@@ -158,27 +253,52 @@ void HfTreeWriter::commit(const MergePlan& plan) {
   for (const auto& e : fs::recursive_directory_iterator(temp_, ec))
     if (e.is_directory()) fsync_dir(e.path());
   fsync_dir(temp_);
+  publish();
+  fsync_dir(fs::path(target_).parent_path());
+}
 
-  const fs::path target(target_);
-  if (fs::exists(target, ec) && !fs::is_empty(target, ec)) {
-    // --force: swap the new tree in, then delete the old one.
-    const fs::path old = temp_ + ".old";
-    fs::rename(target, old, ec);
-    if (ec) throw Error("cannot move the existing target aside: " + ec.message()).file(target_);
-    fs::rename(temp_, target, ec);
-    if (ec) {
-      std::error_code ignored;
-      fs::rename(old, target, ignored);
-      throw Error("cannot rename the output into place: " + ec.message()).file(target_);
-    }
-    fs::remove_all(old, ec);
-  } else {
-    if (fs::exists(target, ec)) fs::remove(target, ec);  // an empty directory
-    fs::rename(temp_, target, ec);
-    if (ec) throw Error("cannot rename the output into place: " + ec.message()).file(target_);
+void HfTreeWriter::publish() {
+  auto hold = interrupt::hold_off();
+  // rename() replaces a missing or empty directory and fails on a non-empty one, a file or a
+  // symlink: a target that something else filled since the start check is never replaced.
+  if (::rename(temp_.c_str(), target_.c_str()) == 0) {
+    committed_ = true;
+    return;
+  }
+  const int err = errno;
+  if ((err == ENOTEMPTY || err == EEXIST) && !force_)
+    throw Error("target directory " + display_ + " was filled by something else during the merge; not replacing it" +
+                " (pass --force to replace it)");
+  if (err == ENOTDIR) throw Error("target " + display_ + " is no longer a directory; not replacing it");
+  if (err != ENOTEMPTY && err != EEXIST)
+    throw Error("cannot rename the output into place: " + errno_text(err)).file(display_);
+
+  // --force over a non-empty directory: swap the trees in one step, then delete the old one,
+  // now at the temp name (an interrupt from here on removes it there).
+  if (::renameat2(AT_FDCWD, temp_.c_str(), AT_FDCWD, target_.c_str(), RENAME_EXCHANGE) == 0) {
+    committed_ = true;
+    hold.unlock();
+    std::error_code ec;
+    fs::remove_all(temp_, ec);
+    return;
+  }
+  if (errno != EINVAL && errno != ENOSYS && errno != EOPNOTSUPP)
+    throw Error("cannot swap the output into place: " + errno_text(errno)).file(display_);
+  // No exchange on this filesystem: move the old tree aside, rename, delete the old tree. A run
+  // killed between the two renames leaves `.old`, which the next run puts back (stale_temps).
+  const std::string old = temp_ + ".old";
+  if (::rename(target_.c_str(), old.c_str()) != 0)
+    throw Error("cannot move the existing target aside: " + errno_text(errno)).file(display_);
+  if (::rename(temp_.c_str(), target_.c_str()) != 0) {
+    const int failed = errno;
+    ::rename(old.c_str(), target_.c_str());
+    throw Error("cannot rename the output into place: " + errno_text(failed)).file(display_);
   }
   committed_ = true;
-  fsync_dir(fs::absolute(target).parent_path());
+  cleanup_.emplace_back(old, interrupt::Removal::Tree);
+  hold.unlock();
+  std::error_code ec;
+  fs::remove_all(old, ec);
 }
 
 }  // namespace shardmerge

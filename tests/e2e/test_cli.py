@@ -757,3 +757,396 @@ def test_plan_json(name, opts, manifest, fixtures, run):
             for part in ("a", "b"):
                 total_read += sum(s["length"] for s in folds[0][part])
     assert plan["bytes_read"] == total_read
+
+
+# ---------------------------------------------------------------------------------------------
+# --dtype: the default never casts between the 16-bit types; an explicit cast that does warns
+
+
+def warning_lines(stderr):
+    return [line for line in error_lines(stderr) if line.startswith("shardmerge: warning:")]
+
+
+def test_fp16_checkpoint_keeps_fp16_by_default(manifest, fixtures, run, tmp_path):
+    torch = need_torch()
+    from e2e_util import assert_tensors_bitwise, expected_base, load_hf
+
+    fx = entry(manifest, "qwen2_fp16_fsdp2_w2")
+    role = fixtures / fx["role_dir"]
+    proc = run("merge", "--local_dir", role, "--target_dir", tmp_path / "default")
+    assert not warning_lines(proc.stderr), proc.stderr
+    got = load_hf(tmp_path / "default")
+    assert_tensors_bitwise(got, expected_base(fixtures, fx, "keep"), "fp16 checkpoint, default --dtype")
+    assert {t.dtype for t in got.values() if t.is_floating_point()} == {torch.float16}
+    assert json.loads((tmp_path / "default" / "config.json").read_text())["dtype"] == "float16"
+    # asked for bf16: written, with one warning line on stderr saying what is lost
+    proc = run("merge", "--local_dir", role, "--target_dir", tmp_path / "bf16", "--dtype", "bf16")
+    warnings = warning_lines(proc.stderr)
+    assert len(warnings) == 1, proc.stderr
+    assert "float16" in warnings[0] and "bfloat16" in warnings[0] and "--dtype default" in warnings[0], warnings[0]
+    assert_tensors_bitwise(load_hf(tmp_path / "bf16"), expected_base(fixtures, fx, "bf16"), "fp16 checkpoint, --dtype bf16")
+    assert json.loads((tmp_path / "bf16" / "config.json").read_text())["dtype"] == "bfloat16"
+    assert not warning_lines(run("merge", "--local_dir", role, "--target_dir", tmp_path / "fp16", "--dtype", "fp16").stderr)
+
+
+@pytest.mark.parametrize("opts,warned", [([], False), (["--dtype", "bf16"], False), (["--dtype", "fp16"], True),
+                                         (["--dtype", "fp32"], False)])
+def test_bf16_checkpoint_dtype_warnings(opts, warned, manifest, fixtures, run, tmp_path):
+    fx = entry(manifest, "qwen2_bf16_fsdp2_w2")
+    proc = run("merge", "--local_dir", fixtures / fx["role_dir"], "--target_dir", tmp_path / "out", *opts, "--json")
+    warnings = warning_lines(proc.stderr)
+    assert len(warnings) == (1 if warned else 0), proc.stderr
+    assert json.loads(proc.stdout)["warnings"] == [w[len("shardmerge: warning: "):] for w in warnings]
+    cfg = json.loads((tmp_path / "out" / "config.json").read_text())
+    assert cfg["dtype"] == {"--dtype": None}.get(None, {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}.get(
+        opts[1] if opts else "bf16")), cfg["dtype"]
+
+
+# ---------------------------------------------------------------------------------------------
+# --hf_model_path: its config must describe the weights
+
+
+@pytest.mark.parametrize("field,delta", [("vocab_size", 5), ("hidden_size", 32), ("num_hidden_layers", 1),
+                                         ("num_key_value_heads", -1)])
+def test_hf_model_path_config_must_match_the_weights(field, delta, manifest, fixtures, run, tmp_path):
+    fx = entry(manifest, "qwen2_fsdp2_w2")
+    role = fixtures / fx["role_dir"]
+    given = tmp_path / "given"
+    shutil.copytree(role / "huggingface", given)
+    run("merge", "--local_dir", role, "--target_dir", tmp_path / "ok", "--hf_model_path", given)  # as it is: fine
+    cfg = json.loads((given / "config.json").read_text())
+    right = cfg[field]
+    cfg[field] = right + delta
+    (given / "config.json").write_text(json.dumps(cfg))
+    out = tmp_path / "out"
+    proc = run("merge", "--local_dir", role, "--target_dir", out, "--hf_model_path", given, check=False)
+    assert_one_error_line(proc, str(given / "config.json"), f"{field}={right + delta}", f"{field}={right}", str(role))
+    assert leftovers(out) == [], f"left behind: {leftovers(out)}"
+
+
+def test_hf_model_path_config_must_match_megatron_weights(manifest, fixtures, run, tmp_path):
+    fx = next((f for f in manifest["fixtures"] if f["kind"] == "megatron" and f.get("status") == "ok"
+               and f.get("hf_config_dir_fallback") and not f.get("lora")), None)
+    if fx is None:
+        pytest.skip("no Megatron fixture with a fallback HF config")
+    given = tmp_path / "given"
+    shutil.copytree(fixtures / fx["hf_config_dir_fallback"], given, ignore=shutil.ignore_patterns("*.safetensors*"))
+    cfg = json.loads((given / "config.json").read_text())
+    cfg["num_hidden_layers"] += 1
+    (given / "config.json").write_text(json.dumps(cfg))
+    proc = run("merge", "--backend", "megatron", "--local_dir", fixtures / fx["role_dir"], "--target_dir",
+               tmp_path / "out", "--hf_model_path", given, check=False)
+    assert_one_error_line(proc, str(given / "config.json"), str(cfg["num_hidden_layers"]), "layers")
+
+
+# ---------------------------------------------------------------------------------------------
+# What a new user hit (issue 11, item 10): --help defaults, the default target, --profile, -v,
+# diff across dtypes and of adapters, messages, inspect's text, progress, summary, exit codes.
+
+SUBCOMMANDS = ["inspect", "plan", "merge", "verify", "test", "diff", "fold-lora"]
+
+
+def help_entries(text):
+    """{first option name: whole help entry} of CLI11's --help (an entry may wrap onto lines
+    indented by 30 spaces)."""
+    entries, current = {}, None
+    for line in text.splitlines():
+        m = re.match(r"^  (\S+)(.*)$", line)
+        if m and not line.startswith("   "):
+            current = m.group(1).split(",")[0]
+            entries[current] = line.strip()
+        elif current and line.startswith(" " * 30):
+            entries[current] += " " + line.strip()
+        else:
+            current = None
+    return entries
+
+
+@pytest.mark.parametrize("sub", SUBCOMMANDS)
+def test_help_shows_every_default(sub, run):
+    entries = help_entries(run(sub, "--help").stdout)
+    assert entries, "no options parsed from --help"
+    for name, text in entries.items():
+        words = text.split()
+        takes_value = len(words) > 1 and re.match(r"^(TEXT|UINT|INT|FLOAT)\b", words[1])
+        if not takes_value or "REQUIRED" in text:
+            continue
+        shown = "=" in words[1] or "default: " in text.lower()
+        assert shown, f"{sub} --help: {name} shows no default: {text}"
+    if sub == "merge":
+        for name, value in {"--target_dir": "tmp", "--memory-limit": "512MiB", "--max-shard-size": "5GB",
+                            "--device": "cpu", "--role": "actor", "--backend": "auto"}.items():
+            assert re.search(rf"=({re.escape(value)})\b", entries[name]), entries[name]
+
+
+def test_merge_without_target_dir_says_where(manifest, fixtures, run, tmp_path):
+    """verl writes to ./tmp when --target_dir is not given; shardmerge does too, saying so on stderr."""
+    fx = entry(manifest, "qwen2_fsdp2_w2")
+    for opts, workdir in (([], tmp_path / "a"), (["--json"], tmp_path / "b")):
+        workdir.mkdir()
+        proc = run("merge", "--local_dir", fixtures / fx["role_dir"], *opts, cwd=workdir)
+        said = [line for line in error_lines(proc.stderr) if "--target_dir" in line]
+        assert len(said) == 1, proc.stderr
+        assert str(workdir / "tmp") in said[0], said[0]
+        assert (workdir / "tmp" / "model.safetensors").exists()
+        if opts:
+            assert json.loads(proc.stdout)["target"] == "tmp"
+    proc = run("merge", "--local_dir", fixtures / fx["role_dir"], "--target_dir", tmp_path / "c")
+    assert "--target_dir" not in proc.stderr, proc.stderr
+
+
+@pytest.mark.parametrize("where", ["missing_dir", "a_directory"])
+def test_profile_to_unwritable_path_fails_first(where, manifest, fixtures, run, tmp_path):
+    fx = entry(manifest, "qwen2_fsdp2_w2")
+    profile = tmp_path / "no-such-dir" / "trace.json" if where == "missing_dir" else tmp_path
+    out = tmp_path / "out"
+    proc = run("merge", "--local_dir", fixtures / fx["role_dir"], "--target_dir", out, "--profile", profile,
+               check=False)
+    assert_one_error_line(proc, "--profile", str(profile), code=2)
+    assert proc.stdout == "", f"work started before the --profile check:\n{proc.stdout}"
+    assert leftovers(out) == []
+    assert not (tmp_path / "no-such-dir").exists()
+
+
+def test_verbose_merge_and_verify(manifest, fixtures, run, tmp_path):
+    fx = entry(manifest, "qwen2_fsdp2_w2")
+    role = fixtures / fx["role_dir"]
+    out = tmp_path / "out"
+    quiet = run("merge", "--local_dir", role, "--target_dir", out).stdout
+    names = hf_tensor_names(out)
+    loud = run("merge", "--local_dir", role, "--target_dir", out, "--force", "-v", "--verify").stdout
+    phases = [line for line in loud.splitlines() if "phases:" in line]
+    assert len(phases) == 1, loud
+    for phase in ("plan", "write", "fsync", "verify"):
+        assert re.search(rf"\b{phase}\S* [\d.]+ s", phases[0]), phases[0]
+    for name in names:
+        assert re.search(rf"^\s+{re.escape(name)}\s", loud, re.M), f"merge -v does not list {name}"
+        assert not re.search(rf"^\s+{re.escape(name)}\s", quiet, re.M), f"merge without -v lists {name}"
+    for cmd in (["verify", "--local_dir", role, "--test_hf_dir", out], ["diff", out, out]):
+        v = run(*cmd, "-v").stdout
+        for name in names:
+            assert re.search(rf"^\s+{re.escape(name)}: \d+ elements equal$", v, re.M), f"{cmd[0]} -v: {name}\n{v}"
+        assert names[0] not in run(*cmd).stdout
+
+
+def test_diff_across_dtypes_with_atol(manifest, fixtures, run, merged):
+    """diff --atol compares values as fp32, also between tensors of different float dtypes; the
+    per-tensor counts and errors match torch's."""
+    torch = need_torch()
+    from e2e_util import load_hf
+
+    fx = entry(manifest, "qwen2_fsdp2_w2")
+    fp32, bf16 = merged(fx, "--dtype", "fp32"), merged(fx, "--dtype", "bf16")
+    ta, tb = load_hf(fp32), load_hf(bf16)
+    proc = run("diff", fp32, bf16, check=False)
+    assert proc.returncode == 1 and "float32" in proc.stdout and "--atol" in proc.stdout, proc.stdout
+    j = json.loads(run("diff", fp32, bf16, "--atol", "1e-12", "--json", check=False).stdout)
+    assert j["metadata_mismatch"] == [] and j["missing"] == [] and j["unexpected"] == []
+    assert len(j["compared_as_fp32"]) == sum(1 for k in ta if ta[k].dtype != tb[k].dtype), j["compared_as_fp32"]
+    for name, a in ta.items():
+        b = tb[name].float()
+        got = j["tensors"][name]
+        assert got["elements"] == a.numel(), name
+        err = (a.float() - b).abs()
+        assert got["mismatched"] == int((err > 1e-12).sum()), name
+        assert got["max_abs_error"] == pytest.approx(float(err.max()) if a.numel() else 0.0, rel=1e-6), name
+    worst = max(float((a.float() - tb[k].float()).abs().max()) for k, a in ta.items())
+    assert worst > 0
+    ok = run("diff", fp32, bf16, "--atol", repr(worst))
+    assert "equal" in ok.stdout
+    assert run("diff", fp32, bf16, "--atol", repr(worst / 2), check=False).returncode == 1
+
+
+def test_diff_adapter_dirs(manifest, fixtures, run, tmp_path):
+    fx = next((f for f in manifest["fixtures"] if f["kind"] == "peft_adapter"), None)
+    if fx is None:
+        pytest.skip("no PEFT adapter fixture")
+    a, b = tmp_path / "a", tmp_path / "b"
+    shutil.copytree(fixtures / fx["adapter_dir"], a)
+    shutil.copytree(fixtures / fx["adapter_dir"], b)
+    same = run("diff", a, b)
+    names = list(st_header(a / "adapter_model.safetensors")[0])
+    assert f"({len(names)} tensors compared)" in same.stdout, same.stdout
+    assert "equal" in run("diff", a / "adapter_model.safetensors", b / "adapter_model.safetensors").stdout
+    # one value of one tensor
+    header, _, start = st_header(b / "adapter_model.safetensors")
+    victim = sorted(header)[0]
+    with open(b / "adapter_model.safetensors", "r+b") as fh:
+        fh.seek(start + header[victim]["data_offsets"][0])
+        byte = fh.read(1)
+        fh.seek(start + header[victim]["data_offsets"][0])
+        fh.write(bytes([byte[0] ^ 0x01]))
+    proc = run("diff", a, b, check=False)
+    assert proc.returncode == 1 and re.search(rf"^values differ: {re.escape(victim)}: 1 of", proc.stdout, re.M), proc.stdout
+    # the same tensors with another alpha are another adapter
+    shutil.copyfile(a / "adapter_model.safetensors", b / "adapter_model.safetensors")
+    cfg = json.loads((b / "adapter_config.json").read_text())
+    cfg["lora_alpha"] = cfg["lora_alpha"] * 2
+    (b / "adapter_config.json").write_text(json.dumps(cfg))
+    proc = run("diff", a, b, check=False)
+    assert proc.returncode == 1 and "adapter_config.json" in proc.stdout and "lora_alpha" in proc.stdout, proc.stdout
+
+
+@pytest.mark.parametrize("what", ["empty_dir", "hf_dir"])
+def test_cannot_merge_message_reads(what, manifest, fixtures, run, tmp_path):
+    src = tmp_path / "empty" if what == "empty_dir" else fixtures / manifest["hf_base"]["qwen2"]
+    src.mkdir(exist_ok=True)
+    line = assert_one_error_line(run("merge", "--local_dir", src, "--target_dir", tmp_path / "out", check=False),
+                                 f"cannot merge {src}: it is ")
+    assert " a unknown" not in line
+    assert ("not a checkpoint shardmerge recognises" if what == "empty_dir" else "HuggingFace model directory") in line
+
+
+def inspect_paths(manifest, fixtures):
+    peft = next(f for f in manifest["fixtures"] if f["kind"] == "peft_adapter")
+    megatron = next((f for f in manifest["fixtures"] if f["kind"] == "megatron" and f.get("status") == "ok"), None)
+    lora = entry(manifest, "qwen2_lora_fsdp2_w2")
+    paths = {"run_root": fixtures / lora["run_root"], "role_dir": fixtures / lora["role_dir"],
+             "hf_dir": fixtures / manifest["hf_base"]["qwen2"], "adapter_dir": fixtures / peft["adapter_dir"],
+             "rank_file": fixtures / lora["role_dir"] / f"model_world_size_{lora['world_size']}_rank_0.pt"}
+    if megatron:
+        paths["megatron_role"] = fixtures / megatron["role_dir"]
+    return paths
+
+
+def test_inspect_text_has_no_json(manifest, fixtures, run):
+    for case, path in inspect_paths(manifest, fixtures).items():
+        for opts in ([], ["--tensors"]):
+            out = run("inspect", path, *opts).stdout
+            raw = [line for line in out.splitlines() if "{" in line or '"' in line or re.search(r"\[\d+,\d", line)
+                   and not re.match(r"^    \S", line)]
+            assert not raw, f"inspect {case} {opts}: JSON in the text report: {raw}"
+            heads = [line for line in out.splitlines() if re.match(r"^\s*tensors:", line)]
+            assert len(heads) <= 1, f"inspect {case} {opts}: 'tensors:' {len(heads)} times:\n{out}"
+            if opts and case != "run_root":
+                assert len(heads) == 1, out
+    hf = inspect_paths(manifest, fixtures)["hf_dir"]
+    nexts = [line.split("next: ", 1)[1] for line in run("inspect", hf).stdout.splitlines() if "next: " in line]
+    assert any(n.startswith("shardmerge verify ") and str(hf) in n for n in nexts), nexts
+    assert any(n.startswith("shardmerge verify ") for n in json.loads(run("inspect", hf, "--json").stdout)["next"])
+
+
+def test_inspect_next_command_works_twice(manifest, fixtures, shardmerge_bin, run, tmp_path):
+    """The `next:` command inspect prints must still work after it has been run once."""
+    import shlex
+    import subprocess
+
+    fx = entry(manifest, "qwen2_fsdp2_w2")
+    root = tmp_path / "run"
+    shutil.copytree(fixtures / fx["run_root"], root, ignore=shutil.ignore_patterns("optim_*", "extra_state_*", "verl_ref"))
+    targets = []
+    for attempt in range(2):
+        j = json.loads(run("inspect", root, "--json").stdout)
+        merges = [n for n in j["next"] if n.startswith("shardmerge merge ")]
+        assert len(merges) == 1, j["next"]
+        human = run("inspect", root).stdout
+        assert f"next: {merges[0]}" in human, human
+        argv = shlex.split(merges[0])
+        proc = subprocess.run([shardmerge_bin, *argv[1:]], capture_output=True, text=True)
+        assert proc.returncode == 0, f"run {attempt + 1} of `{merges[0]}`: {proc.stderr}"
+        targets.append(Path(argv[argv.index("--target_dir") + 1]))
+    assert targets[0] != targets[1] and all((t / "model.safetensors").exists() for t in targets), targets
+    assert all(not t.is_relative_to(root / "global_step_3" / "actor") for t in targets), targets
+
+
+def test_progress_bar_ends_at_100_percent(manifest, fixtures, shardmerge_bin, tmp_path):
+    """On a terminal the bar's last state is 100 %, done bytes equal to the total."""
+    import pty
+    import subprocess
+
+    for name, opts in (("qwen2_fsdp2_w4", []), ("qwen2_lora_fsdp2_w2", ["--lora", "both"])):
+        fx = entry(manifest, name)
+        master, slave = pty.openpty()
+        proc = subprocess.Popen([shardmerge_bin, "merge", "--local_dir", fixtures / fx["role_dir"],
+                                 "--target_dir", tmp_path / name, *opts], stdout=subprocess.DEVNULL, stderr=slave)
+        os.close(slave)
+        said = b""
+        while True:
+            try:
+                chunk = os.read(master, 65536)
+            except OSError:  # EIO: the child closed the terminal
+                break
+            if not chunk:
+                break
+            said += chunk
+        os.close(master)
+        assert proc.wait(timeout=120) == 0
+        draws = [d for d in said.decode().replace("\n", "\r").split("\r") if d.startswith("merging")]
+        assert draws, said
+        last = draws[-1]
+        m = re.search(r"(\d+)% (\S+ \S+) / (\S+ \S+)", last)
+        assert m and m.group(1) == "100" and m.group(2) == m.group(3), f"{name}: the bar ends at: {last!r}"
+
+
+def _bytes_of(text):
+    number, unit = text.split()
+    return float(number) * {"B": 1, "KB": 1e3, "MB": 1e6, "GB": 1e9, "TB": 1e12}[unit]
+
+
+def test_summary_says_what_the_rate_counts(manifest, fixtures, run, tmp_path):
+    fx = entry(manifest, "qwen2_fsdp2_w4")
+    out = tmp_path / "out"
+    line = next(line for line in run("merge", "--local_dir", fixtures / fx["role_dir"], "--target_dir", out).stdout
+                .splitlines() if " merged " in line)
+    m = re.search(r": (\S+ \S*B) read \+ (\S+ \S*B) written in ([\d.]+) s \((\S+ \S*B)/s read\+written\)", line)
+    assert m, line
+    written = sum(f.stat().st_size for f in hf_weight_files(out))
+    assert _bytes_of(m.group(2)) == pytest.approx(written, rel=0.01), line
+    header, _, _ = st_header(fixtures / fx["expected"])
+    assert _bytes_of(m.group(1)) == pytest.approx(sum(tensor_nbytes(e) for k, e in header.items() if k != "lm_head.weight"),
+                                                  rel=0.01), line
+
+
+BAD_FLAG_VALUES = [("--dtype", "foo"), ("--memory-limit", "12XB"), ("--threads", "-1"), ("--max-shard-size", "abc"),
+                   ("--max-shard-size", "0"), ("--gpu-memory", "3QB"), ("--lora", "twice"), ("--lora-alpha", "x"),
+                   ("--backend", "deepspeed"), ("--device", "tpu")]
+
+
+@pytest.mark.parametrize("flag,value", BAD_FLAG_VALUES, ids=[f"{f}={v}" for f, v in BAD_FLAG_VALUES])
+def test_bad_flag_value_exits_2(flag, value, manifest, fixtures, run, tmp_path):
+    fx = entry(manifest, "qwen2_fsdp2_w2")
+    out = tmp_path / "out"
+    proc = run("merge", "--local_dir", fixtures / fx["role_dir"], "--target_dir", out, flag, value, check=False)
+    assert_one_error_line(proc, flag, code=2)
+    assert leftovers(out) == []
+
+
+@pytest.mark.parametrize("args", [["diff", "--atol", "-1"], ["diff", "--atol", "abc"], ["fold-lora", "--max-shard-size", "1ZB"]],
+                         ids=["diff_atol_negative", "diff_atol_text", "fold_lora_size"])
+def test_bad_flag_value_exits_2_other_commands(args, manifest, fixtures, run, tmp_path):
+    hf = fixtures / manifest["hf_base"]["qwen2"]
+    peft = next(f for f in manifest["fixtures"] if f["kind"] == "peft_adapter")
+    rest = [hf, hf] if args[0] == "diff" else ["--base", hf, "--adapter", fixtures / peft["adapter_dir"],
+                                                "--target_dir", tmp_path / "out"]
+    assert_one_error_line(run(*args, *rest, check=False), args[1], code=2)
+    assert not (tmp_path / "out").exists()
+
+
+def test_missing_path_exits_2_everywhere(manifest, fixtures, run, tmp_path):
+    """README: 2 for usage errors such as a missing path, in every subcommand."""
+    missing = tmp_path / "does-not-exist"
+    hf = fixtures / manifest["hf_base"]["qwen2"]
+    role = fixtures / entry(manifest, "qwen2_fsdp2_w2")["role_dir"]
+    peft = fixtures / next(f for f in manifest["fixtures"] if f["kind"] == "peft_adapter")["adapter_dir"]
+    out = tmp_path / "out"
+    for args in (["diff", missing, hf], ["diff", hf, missing], ["verify", "--local_dir", role, "--test_hf_dir", missing],
+                 ["verify", "--local_dir", missing, "--test_hf_dir", hf], ["plan", "--local_dir", missing],
+                 ["inspect", missing], ["merge", "--local_dir", missing, "--target_dir", out],
+                 ["merge", "--local_dir", role, "--hf_model_path", missing, "--target_dir", out],
+                 ["fold-lora", "--base", missing, "--adapter", peft, "--target_dir", out],
+                 ["fold-lora", "--base", hf, "--adapter", missing, "--target_dir", out]):
+        assert_one_error_line(run(*args, check=False), str(missing), code=2)
+    assert leftovers(out) == []
+
+
+def test_demo_output_is_git_ignored():
+    import subprocess
+
+    repo = Path(__file__).resolve().parents[2]
+    demo = (repo / "scripts" / "demo.sh").read_text()
+    m = re.search(r"OUT=\$\{1:-([^}]+)\}", demo)
+    assert m, "scripts/demo.sh: no default output dir found"
+    if shutil.which("git") is None or subprocess.run(["git", "-C", repo, "rev-parse"], capture_output=True).returncode:
+        pytest.skip("not a git checkout")
+    proc = subprocess.run(["git", "-C", repo, "check-ignore", "-q", f"{m.group(1)}/model.safetensors"])
+    assert proc.returncode == 0, f"{m.group(1)}/ (written by scripts/demo.sh) is not git-ignored"

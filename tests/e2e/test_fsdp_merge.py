@@ -19,6 +19,11 @@ def lora_opts(fx, mode="adapter"):
     return ["--lora", mode] if fx.get("lora") else []
 
 
+def default_dtype(fx):
+    """What the default --dtype writes: a 16-bit float checkpoint keeps its dtype; fp32 becomes bf16 (verl's)."""
+    return "keep" if fx.get("param_dtype") in ("float16", "bfloat16") else "bf16"
+
+
 # ---------------------------------------------------------------------------------------------
 # default merge (bf16) vs expected.safetensors
 
@@ -26,8 +31,9 @@ def lora_opts(fx, mode="adapter"):
 def test_merge_matches_expected_bf16(fsdp_fx, fixtures, merged):
     out = merged(fsdp_fx, *lora_opts(fsdp_fx))
     got = load_hf(out)
-    exp = expected_base(fixtures, fsdp_fx, "bf16")
-    assert_tensors_bitwise(got, exp, f"{fsdp_fx['name']} (default --dtype bf16) vs expected.safetensors cast to bf16")
+    exp = expected_base(fixtures, fsdp_fx, default_dtype(fsdp_fx))
+    assert_tensors_bitwise(got, exp, f"{fsdp_fx['name']} (default --dtype) vs expected.safetensors, "
+                                     f"{default_dtype(fsdp_fx)}")
     # integer buffers keep their dtype (verl casts them: see test_matches_verl_ref)
     for k, t in exp.items():
         if not t.is_floating_point():
@@ -64,7 +70,7 @@ def test_merge_lora_fold_runs(lora_fx, fixtures, merged):
 
 def test_matches_verl_ref(verl_fx, fixtures, merged, run):
     fx = verl_fx
-    out = merged(fx, *lora_opts(fx))
+    out = merged(fx, *lora_opts(fx), "--dtype", "bf16")  # verl casts every checkpoint to bf16
     ref_dir = fixtures / fx["verl_ref"]
     assert fx.get("verl_matches_expected_bf16"), "generator says verl_ref does not match expected (see manifest)"
     verl_wrong = set(fx.get("verl_cast_integer_to_bf16") or [])
@@ -190,7 +196,8 @@ def test_sidecars_copied(fsdp_fx, fixtures, merged):
     assert (out / "generation_config.json").exists() == (src / "generation_config.json").exists()
     cfg_src = json.loads((src / "config.json").read_text())
     cfg_out = json.loads((out / "config.json").read_text())
-    assert cfg_out.get("dtype") == "bfloat16", f"config.json dtype {cfg_out.get('dtype')}"
+    want = "bfloat16" if default_dtype(fsdp_fx) == "bf16" else fsdp_fx["param_dtype"]
+    assert cfg_out.get("dtype") == want, f"config.json dtype {cfg_out.get('dtype')}, want {want}"
     diff = {k for k in set(cfg_src) | set(cfg_out) if cfg_src.get(k) != cfg_out.get(k)} - {"dtype", "torch_dtype"}
     assert not diff, f"config.json keys changed besides dtype: {sorted(diff)}"
     expected_files = set(src_files) | {"model.safetensors"}

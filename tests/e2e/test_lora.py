@@ -9,7 +9,7 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("safetensors")
 
 from e2e_util import (assert_tensors_bitwise, bits_equal, error_lines, expected_base, leftovers,  # noqa: E402
-                      load_hf, load_st, max_abs, ulp_distance, verl_name)
+                      load_hf, load_st, max_abs, tree_digest, ulp_distance, verl_name)
 
 
 def train_meta(fixtures, fx):
@@ -149,15 +149,82 @@ def test_drop_and_both(lora_fx, fixtures, merged):
     assert_tensors_bitwise(load_hf(drop), expected_base(fixtures, lora_fx, "bf16"), "--lora drop")
     both = merged(lora_fx, "--lora", "both")
     fold, adapter = merged(lora_fx, "--lora", "fold"), merged(lora_fx, "--lora", "adapter")
+    # both = the folded model at the root, no adapter beside it; verl's layout in unfolded/
     assert_tensors_bitwise(load_hf(both), load_hf(fold), "--lora both model vs --lora fold")
-    assert_tensors_bitwise(load_st(both / "lora_adapter" / "adapter_model.safetensors"),
-                           load_st(adapter / "lora_adapter" / "adapter_model.safetensors"),
-                           "--lora both adapter vs --lora adapter")
-    assert json.loads((both / "lora_adapter" / "adapter_config.json").read_text()) == \
-        json.loads((adapter / "lora_adapter" / "adapter_config.json").read_text())
-    default = merged(lora_fx)  # README: --lora both is the default
-    assert_tensors_bitwise(load_hf(default), load_hf(both), "default --lora vs --lora both")
-    assert (default / "lora_adapter" / "adapter_model.safetensors").exists()
+    assert not (both / "lora_adapter").exists(), "--lora both put an adapter beside the folded weights"
+    assert tree_digest(both / "unfolded") == tree_digest(adapter), "--lora both unfolded/ vs --lora adapter"
+    assert sorted(p.name for p in both.iterdir()) == sorted([p.name for p in fold.iterdir()] + ["unfolded"])
+
+
+def test_default_is_fold_without_adapter(lora_fx, fixtures, merged, run, tmp_path):
+    """README: the default folds LoRA, writes no adapter, and says in one line how to get verl's layout."""
+    default = merged(lora_fx)
+    assert tree_digest(default) == tree_digest(merged(lora_fx, "--lora", "fold")), "default vs --lora fold"
+    assert not [p for p in default.rglob("*") if "adapter" in p.name], "the default wrote an adapter"
+    proc = run("merge", "--local_dir", fixtures / lora_fx["role_dir"], "--target_dir", tmp_path / "out")
+    lines = [line for line in proc.stdout.splitlines() if "no adapter" in line]
+    assert len(lines) == 1 and "--lora adapter" in lines[0], proc.stdout
+
+
+# ---------------------------------------------------------------------------------------------
+# every tree each mode writes, loaded the way a user would
+
+
+INPUT_IDS = torch.tensor([[2, 17, 45, 100, 200, 250, 3, 1, 0, 77]])
+
+
+def model_dirs(out):
+    """Every directory of an output tree that holds a model (config.json)."""
+    return sorted(p.parent for p in out.rglob("config.json") if "lora_adapter" not in p.parts)
+
+
+def load_like_a_user(model_dir):
+    """AutoModelForCausalLM.from_pretrained(dir); with dir/lora_adapter/ there, PeftModel on top of it
+    (what a verl user does with verl's layout, and what vLLM --enable-lora does)."""
+    transformers = pytest.importorskip("transformers")
+    peft = pytest.importorskip("peft")
+    model = transformers.AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
+    if (model_dir / "lora_adapter").exists():
+        model = peft.PeftModel.from_pretrained(model, str(model_dir / "lora_adapter"))
+    with torch.no_grad():
+        return model.eval()(input_ids=INPUT_IDS).logits
+
+
+@pytest.mark.parametrize("mode", ["fold", "adapter", "both", "default"])
+def test_every_tree_loads_as_the_folded_model(lora_fx, mode, fixtures, merged):
+    """fp32 output, so the only differences left are fp32 summation order: each model dir a mode
+    writes (with its adapter, where one is beside it) gives the logits of the fixture's PEFT
+    merge_and_unload. A folded base loaded with an adapter applies the LoRA twice and fails this."""
+    opts = ["--dtype", "fp32"] + ([] if mode == "default" else ["--lora", mode])
+    out = merged(lora_fx, *opts)
+    ref_model = peft_model(fixtures, lora_fx, load_st(fixtures / lora_fx["expected"])).merge_and_unload().eval()
+    with torch.no_grad():
+        ref = ref_model(input_ids=INPUT_IDS).logits
+    dirs = model_dirs(out)
+    assert dirs == ([out, out / "unfolded"] if mode == "both" else [out]), dirs
+    for d in dirs:
+        got = load_like_a_user(d)
+        diff = (got - ref).abs().max().item()
+        assert torch.allclose(got, ref, rtol=1e-5, atol=1e-5), \
+            f"--lora {mode}: {d.relative_to(out.parent)} loaded as a user would: max abs logit diff {diff:g}"
+    adapters = [p.parent for p in out.rglob("adapter_config.json")]
+    assert len(adapters) == (1 if mode in ("adapter", "both") else 0), adapters
+
+
+def test_adapter_mode_is_verls_layout(manifest, fixtures, run, tmp_path):
+    """--lora adapter writes what `python -m verl.model_merger merge` writes for a LoRA checkpoint:
+    the same files, the same base weights and adapter tensors, bit for bit."""
+    fx = next((f for f in manifest["fixtures"] if f.get("lora") and f.get("verl_ref")), None)
+    if fx is None:
+        pytest.skip("no LoRA fixture with a verl reference output (generate.py --verl)")
+    out = tmp_path / "out"
+    run("merge", "--local_dir", fixtures / fx["role_dir"], "--target_dir", out, "--lora", "adapter")
+    ref = fixtures / fx["verl_ref"]
+    files = lambda d: sorted(str(p.relative_to(d)) for p in d.rglob("*.safetensors"))  # noqa: E731
+    assert files(out) == files(ref), (files(out), files(ref))
+    assert_tensors_bitwise(load_hf(out), load_hf(ref), "--lora adapter model vs verl's")
+    assert_tensors_bitwise(load_st(out / "lora_adapter" / "adapter_model.safetensors"),
+                           load_st(ref / "lora_adapter" / "adapter_model.safetensors"), "adapter vs verl's")
 
 
 def _fixture(manifest, name):
@@ -193,7 +260,8 @@ def test_missing_alpha(meta_alpha, mode, manifest, fixtures, run, merged, tmp_pa
     ref = merged(fx, "--lora", mode)
     assert_tensors_bitwise(load_hf(out), load_hf(ref), f"--lora-alpha 16 vs the fixture's own alpha (16), {mode}")
     if mode != "fold":
-        acfg = json.loads((out / "lora_adapter" / "adapter_config.json").read_text())
+        adir = out / ("unfolded/lora_adapter" if mode == "both" else "lora_adapter")
+        acfg = json.loads((adir / "adapter_config.json").read_text())
         assert float(acfg["lora_alpha"]) == 16.0, acfg["lora_alpha"]
 
 
@@ -273,3 +341,51 @@ def test_fold_lora_matches_peft(peft_fx, dtype, ref_key, max_ulp, fixtures, run,
         assert not torch.equal(got[k].float(), base[k].to(got[k].dtype).float()), f"{k}: adapter not folded"
     cfg = json.loads((out / "config.json").read_text())
     assert cfg["dtype"] == {"bf16": "bfloat16", "fp32": "float32"}[dtype]
+
+
+# ---------------------------------------------------------------------------------------------
+# --lora-alpha against an alpha the checkpoint records
+
+
+@pytest.mark.parametrize("name,recorded_in", [("qwen2_lora_fsdp2_w4", "lora_train_meta.json"),
+                                              ("qwen2_lora_fsdp2_w2", "adapter_config.json")])
+def test_recorded_alpha_is_replaced_only_with_force(name, recorded_in, manifest, fixtures, run, merged, tmp_path):
+    fx = _fixture(manifest, name)
+    role = fixtures / fx["role_dir"]
+    alpha = fx["lora"]["lora_alpha"]
+    out = tmp_path / "out"
+    proc = run("merge", "--local_dir", role, "--target_dir", out, "--lora-alpha", str(2 * alpha), check=False)
+    assert proc.returncode == 2, f"exit {proc.returncode}\n{proc.stdout}{proc.stderr}"
+    lines = error_lines(proc.stderr)
+    assert len(lines) == 1 and lines[0].startswith("shardmerge: error:"), proc.stderr
+    for part in (recorded_in, f"lora_alpha={float(alpha)}", f"--lora-alpha {float(2 * alpha)}", "--force-lora-alpha"):
+        assert part in lines[0], f"{part!r} not in: {lines[0]}"
+    assert leftovers(out) == [], f"left behind: {leftovers(out)}"
+    # the value it records is no conflict
+    assert_tensors_bitwise(load_hf(merged(fx, "--lora-alpha", str(alpha))), load_hf(merged(fx)), "--lora-alpha = recorded")
+    # with --force-lora-alpha: what a checkpoint recording 2·alpha merges to
+    run("merge", "--local_dir", role, "--target_dir", out, "--lora-alpha", str(2 * alpha), "--force-lora-alpha")
+    copy = tmp_path / "actor"
+    shutil.copytree(role, copy)
+    for f in [copy / "lora_train_meta.json", copy / "lora_adapter" / "adapter_config.json"]:
+        if f.exists():
+            j = json.loads(f.read_text())
+            j["lora_alpha"] = 2 * alpha
+            f.write_text(json.dumps(j))
+    run("merge", "--local_dir", copy, "--target_dir", tmp_path / "ref")
+    assert_tensors_bitwise(load_hf(out), load_hf(tmp_path / "ref"), "--force-lora-alpha vs a checkpoint recording it")
+    assert not all(bits_equal(a, b) for a, b in zip(load_hf(out).values(), load_hf(merged(fx)).values())), \
+        "the forced alpha changed nothing"
+
+
+def test_fold_lora_alpha_needs_force(peft_fx, fixtures, run, tmp_path):
+    base, adapter = fixtures / peft_fx["base_dir"], fixtures / peft_fx["adapter_dir"]
+    alpha = peft_fx["lora"]["lora_alpha"]
+    proc = run("fold-lora", "--base", base, "--adapter", adapter, "--target_dir", tmp_path / "out",
+               "--lora-alpha", str(alpha + 1), check=False)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    lines = error_lines(proc.stderr)
+    assert len(lines) == 1 and "adapter_config.json" in lines[0] and "--force-lora-alpha" in lines[0], proc.stderr
+    assert leftovers(tmp_path / "out") == []
+    run("fold-lora", "--base", base, "--adapter", adapter, "--target_dir", tmp_path / "out",
+        "--lora-alpha", str(alpha + 1), "--force-lora-alpha")

@@ -193,3 +193,18 @@ def test_lora_without_alpha_says_how_to_pass_it(manifest, fixtures, run, tmp_pat
     lines = error_lines(proc.stderr)
     assert len(lines) == 1 and "--lora-alpha" in lines[0], proc.stderr
     assert not (tmp_path / "out").exists()
+
+
+def test_lora_both_is_fold_plus_verls_layout_in_unfolded(manifest, fixtures, merged_megatron):
+    """--lora both on Megatron LoRA: the folded model at the root (no adapter beside it) and
+    --lora adapter's tree in unfolded/, as for FSDP; the default is --lora fold."""
+    from e2e_util import tree_digest
+
+    fx = lora_fixture(manifest)
+    both = merged_megatron(fx, "--lora", "both", "--dtype", "fp32")
+    fold = merged_megatron(fx, "--lora", "fold", "--dtype", "fp32")
+    adapter = merged_megatron(fx, "--lora", "adapter", "--dtype", "fp32")
+    assert_tensors_bitwise(load_hf(both), load_hf(fold), "--lora both root vs --lora fold")
+    assert not (both / "lora_adapter").exists(), "an adapter beside the folded weights"
+    assert tree_digest(both / "unfolded") == tree_digest(adapter), "--lora both unfolded/ vs --lora adapter"
+    assert tree_digest(merged_megatron(fx, "--dtype", "fp32")) == tree_digest(fold), "default vs --lora fold"

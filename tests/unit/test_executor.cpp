@@ -81,7 +81,7 @@ class Executor : public ::testing::Test {
   SourceMatrix r1 = write_matrix(dir / "r1.bin", 48, 2);
 
   MergePlan plan(DType out) {
-    std::vector<SourceFile> sources = {{r0.path, 48 * 4}, {r1.path, 48 * 4}};
+    std::vector<SourceFile> sources = {{r0.path, 48 * 4, {}}, {r1.path, 48 * 4, {}}};
     OutputTensor dim0{"dim0", out, {12, 4}, 0, 0, 0, {}, std::nullopt, ""};
     dim0.copies = {slice(0, 0, {4, 1}, {0, 0}, {6, 4}), slice(1, 0, {4, 1}, {6, 0}, {6, 4})};
     OutputTensor dim1{"dim1", out, {4, 12}, 0, 0, 0, {}, std::nullopt, ""};
@@ -178,7 +178,7 @@ TEST_F(Executor, VerifySinkFindsTheOneChangedByte) {
 
 TEST_F(Executor, FoldsLoraInFp32) {
   // W [6, 4] from r0, A [2, 4] and B [6, 2] from r1; scale 0.5. And the transposed form.
-  std::vector<SourceFile> sources = {{r0.path, 48 * 4}, {r1.path, 48 * 4}};
+  std::vector<SourceFile> sources = {{r0.path, 48 * 4, {}}, {r1.path, 48 * 4, {}}};
   OutputTensor w{"w", DType::F32, {6, 4}, 0, 0, 0, {slice(0, 0, {4, 1}, {0, 0}, {6, 4})}, std::nullopt, ""};
   w.lora = LoraFold{{slice(1, 0, {4, 1}, {0, 0}, {2, 4})}, {slice(1, 32, {2, 1}, {0, 0}, {6, 2})}, 2, 0.5, false};
   OutputTensor wt{"wt", DType::F32, {4, 6}, 0, 0, 0, {slice(0, 0, {6, 1}, {0, 0}, {4, 6})}, std::nullopt, ""};

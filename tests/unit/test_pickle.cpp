@@ -517,17 +517,55 @@ TEST(PickleErrors, NameTheOpcodeAndPosition) {
   }
 }
 
-TEST(PickleErrors, ArenaLimitStopsRunawayInput) {
+TEST(PickleErrors, MemoryIsBoundedByTheInputLength) {
+  // One value per input byte fits a budget of sizeof(Value) per byte.
   pickle::Limits limits;
-  limits.max_values = 100;
-  const std::string many_nones = std::string(200, 'N') + ".";
+  limits.base = 0;
+  limits.per_input_byte = 256;
+  const std::string many_nones = std::string(10000, 'N') + ".";
+  EXPECT_NO_THROW(pickle::parse(many_nones, nullptr, limits));
+  limits.per_input_byte = 16;
   try {
     pickle::parse(many_nones, nullptr, limits);
     ADD_FAILURE() << "no error";
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("more than 100 objects"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("references its own data over and over"), std::string::npos) << e.what();
   }
-  EXPECT_NO_THROW(pickle::parse(std::string(50, 'N') + ".", nullptr, limits));
+}
+
+// A memoized list of `n` Nones (memo 0), a callable (memo 1) and its argument tuple (memo 2),
+// then `calls` times "callable(*args)" at 5 bytes each, popped right away.
+std::string repeated_calls(const std::string& callable, const std::string& args, int n, int calls) {
+  std::string p = "\x80\x02("s + std::string(static_cast<size_t>(n), 'N') + "lq\x00" "0"s + callable + "q\x01" "0"s + args +
+                  "q\x02" "0"s;
+  for (int i = 0; i < calls; ++i) p += "h\x01" "h\x02" "R0"s;
+  return p + "N.";
+}
+
+TEST(PickleErrors, CopyingReconstructorsCannotAmplifyMemory) {
+  // set(L) copies L's 100,000 references for 5 bytes of pickle: 400 calls would build 320 MB
+  // of sets from 102 kB, past 256 bytes per input byte + 64 MiB.
+  const std::string sets = repeated_calls("c__builtin__\nset\n", "h\x00\x85"s, 100000, 400);
+  try {
+    pickle::parse(sets);
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("MiB of memory for 102"), std::string::npos) << e.what();
+  }
+  // _codecs.encode(S, 'latin1') copies a 1 MB string the same way.
+  std::string encode = "\x80\x02X\x00\x00\x10\x00"s + std::string(1 << 20, 'a') + "q\x00" "0"s +
+                       "c_codecs\nencode\nq\x01" "0" "h\x00X\x06\x00\x00\x00latin1\x86q\x02" "0"s;
+  for (int i = 0; i < 400; ++i) encode += "h\x01" "h\x02" "R0"s;
+  EXPECT_THROW(pickle::parse(encode + "N."), Error);
+  // A few copies are fine.
+  EXPECT_NO_THROW(pickle::parse(repeated_calls("c__builtin__\nset\n", "h\x00\x85"s, 100000, 10)));
+}
+
+TEST(PickleErrors, IntegerTextIsBoundedAsInPython) {
+  // Decimal text to bytes is quadratic: CPython refuses more than 4300 digits, and so do we.
+  EXPECT_NO_THROW(pickle::parse("L" + std::string(4300, '7') + "L\n."));
+  const std::string what = parse_error("L" + std::string(100000, '7') + "L\n.");
+  EXPECT_NE(what.find("100000 digits, more than Python's limit of 4300"), std::string::npos) << what;
 }
 
 // ---- golden pickles written by CPython -----------------------------------------------------

@@ -32,7 +32,7 @@ SourceTensor tensor(const std::string& name, std::vector<int64_t> shape, DType d
 SourceSet source_set(std::vector<SourceTensor> tensors) {
   SourceSet set;
   set.description = "test";
-  set.files.push_back({"/nonexistent/rank0.pt", 1 << 20});
+  set.files.push_back({"/nonexistent/rank0.pt", 1 << 20, {}});
   set.tensors = std::move(tensors);
   return set;
 }
@@ -282,6 +282,31 @@ TEST(PlanBuild, CastsFloatsOnlyAndRewritesConfigDtype) {
   EXPECT_EQ(j["tensors"][0]["ops"][0]["op"], "cast");
   EXPECT_EQ(j["tensors"][0]["copies"][0]["file"], "/nonexistent/rank0.pt");
   EXPECT_EQ(j["tensors"][1]["ops"].size(), 0u);
+}
+
+TEST(PlanBuild, ComplexTensorsAreRefusedWhateverTheDtypePolicy) {
+  for (const DType complex : {DType::C32, DType::C64, DType::C128}) {
+    SourceSet set = source_set({tensor("w", {4}), tensor("z", {4}, complex)});
+    OutputGroup g;
+    g.file_stem = "model";
+    for (const auto& t : set.tensors) g.tensors.push_back({t.name, &t, std::nullopt, false});
+    PlanInput in;
+    in.sources = &set;
+    in.groups.push_back(g);
+    for (const DTypePolicy policy : {DTypePolicy::Fixed, DTypePolicy::Keep}) {
+      OutputOptions opt;
+      opt.dtype_policy = policy;
+      try {
+        build_plan(in, opt);
+        ADD_FAILURE() << dtype_name(complex) << " planned";
+      } catch (const Error& e) {
+        EXPECT_EQ(e.tensor(), "z");
+        EXPECT_NE(std::string(e.what()).find(std::string(dtype_name(complex)) + "; complex tensors are not supported"),
+                  std::string::npos)
+            << e.what();
+      }
+    }
+  }
 }
 
 }  // namespace

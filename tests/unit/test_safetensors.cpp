@@ -230,6 +230,11 @@ TEST(SafetensorsValidation, EveryRuleOfTheReferenceReader) {
       {"trailing bytes", "{" + w8 + "}", 9, "1 trailing bytes after the tensor data"},
       {"truncated buffer", "{" + w8 + "}", 7, "file is truncated"},
       {"duplicate names", "{" + w8 + "," + w8 + "}", 8, "tensor name 'w' appears twice"},
+      // serde_json (the reference reader) refuses anything but JSON whitespace after the
+      // object; nlohmann's parser would stop at a NUL and ignore what follows it.
+      {"NUL padding", "{" + w8 + "}" + std::string(3, '\0'), 8, "byte 0x00 at header byte"},
+      {"NUL then text", "{" + w8 + "}" + std::string(1, '\0') + "{\"x\":1}", 8, "byte 0x00 at header byte"},
+      {"text after the object", "{" + w8 + "}  {}", 8, "not valid UTF-8 JSON"},
   };
   for (const auto& c : cases) {
     const std::string what = header_error(c.header, c.buffer_bytes);
@@ -254,6 +259,8 @@ TEST(SafetensorsValidation, WhatTheReferenceReaderAccepts) {
   EXPECT_EQ(st.find("b")->file_offset, 8 + header.size() + 8);
   EXPECT_EQ(st.find("s")->shape, std::vector<int64_t>{});
   EXPECT_EQ(st.metadata().at("w"), "x");
+  // JSON whitespace around the object, as serde_json allows it.
+  EXPECT_EQ(SafetensorsFile::from_header(" \t\r\n{}\n\t\r ", 8 + 10).tensors().size(), 0u);
   // An empty header object: no tensors, no data.
   EXPECT_TRUE(SafetensorsFile::from_header("{}", 10).tensors().empty());
 }

@@ -1,8 +1,11 @@
 // Sharding arithmetic: torch.chunk splits, DTensor placements, strided views, tiling checks.
 #include <gtest/gtest.h>
 
+#include <limits>
+
 #include "plan/sharding.hpp"
 #include "shardmerge/error.hpp"
+#include "util/shape.hpp"
 
 namespace shardmerge {
 namespace {
@@ -142,6 +145,34 @@ TEST(ShardingTiling, AcceptsExactTilingAndNamesProblems) {
   ASSERT_TRUE(outside);
   EXPECT_EQ(outside->kind, TilingProblem::Kind::OutOfBounds);
   EXPECT_FALSE(check_tiling({}, {box({}, {})}));  // a 0-d tensor is one element
+}
+
+TEST(ShardingTiling, HugeShapesAndOffsetsCannotWrapAround) {
+  constexpr int64_t kMax = std::numeric_limits<int64_t>::max();
+  // start + extent past int64: outside, not wrapped to a negative end inside the shape.
+  auto far = check_tiling({4}, {box({0}, {2}), box({kMax}, {2})});
+  ASSERT_TRUE(far);
+  EXPECT_EQ(far->kind, TilingProblem::Kind::OutOfBounds);
+  // A whole-tensor piece of 2^64 elements counted as 0 skipped the overlap sweep, and the two
+  // halves alone cover 2^64: the file was accepted although every element came twice.
+  const int64_t k31 = int64_t{1} << 31, k32 = int64_t{1} << 32;
+  auto doubled = check_tiling({k32, k32}, {box({0, 0}, {k32, k32}), box({0, 0}, {k31, k32}), box({k31, 0}, {k31, k32})});
+  ASSERT_TRUE(doubled);
+  EXPECT_NE(doubled->message.find("more than 2^63 elements"), std::string::npos) << doubled->message;
+  // Below the limit, an overlap of big pieces is found as one.
+  auto overlap = check_tiling({k31, k31}, {box({0, 0}, {k31, k31}), box({0, 0}, {1, k31})});
+  ASSERT_TRUE(overlap);
+  EXPECT_EQ(overlap->kind, TilingProblem::Kind::Overlap);
+  auto negative = check_tiling({-1, 4}, {});
+  ASSERT_TRUE(negative);
+  EXPECT_NE(negative->message.find("negative dimension"), std::string::npos);
+}
+
+TEST(ShardingTiling, ElementCountsAreChecked) {
+  EXPECT_EQ(element_count({3, 0, int64_t{1} << 62, int64_t{1} << 62}), 0u);
+  EXPECT_EQ(element_count({int64_t{1} << 32, (int64_t{1} << 32) - 1}), (uint64_t{1} << 32) * ((uint64_t{1} << 32) - 1));
+  EXPECT_THROW(element_count({int64_t{1} << 32, int64_t{1} << 32}), Error);
+  EXPECT_THROW(element_count({2, -1}), Error);
 }
 
 TEST(ShardingSlices, IntersectMovesTheOffset) {

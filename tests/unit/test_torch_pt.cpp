@@ -711,6 +711,27 @@ TEST(TorchPickle, ViewsMustStayInsideTheirStorage) {
             std::string::npos);
 }
 
+TEST(TorchPickle, LazyNegationAndConjugationBitsAreRefused) {
+  // torch.save(x.neg()) of a lazily negated view writes the un-negated bytes and a 7th
+  // argument {'neg': True}; copying those bytes would write -x as x. Same for conj.
+  auto with_metadata = [](const std::string& metadata) {
+    return pk::call(pk::global("torch._utils", "_rebuild_tensor_v2"),
+                    {pk::storage("0", 4), pk::integer(0), pk::ints({4}), pk::ints({1}), "\x89",
+                     pk::call(pk::global("collections", "OrderedDict"), {}), metadata});
+  };
+  const std::string neg = collect_error(pk::state_dict({{"w", with_metadata(pk::dict({{"neg", "\x88"}}))}}));
+  EXPECT_NE(neg.find("negation bit"), std::string::npos) << neg;
+  EXPECT_NE(neg.find("tensor 'w'"), std::string::npos) << neg;
+  const std::string conj = collect_error(pk::state_dict({{"w", with_metadata(pk::dict({{"conj", "\x88"}}))}}));
+  EXPECT_NE(conj.find("conjugation bit"), std::string::npos) << conj;
+  // The bits also reach a DTensor's local tensor.
+  const std::string local = with_metadata(pk::dict({{"neg", "\x88"}}));
+  const std::string dt = collect_error(pk::state_dict({{"w", pk::dtensor({4}, local, pk::mesh({1}, {0}), {pk::shard(0)})}}));
+  EXPECT_NE(dt.find("negation bit"), std::string::npos) << dt;
+  // False bits, as torch never writes them but a dict may hold them, are plain tensors.
+  EXPECT_EQ(collect(pk::state_dict({{"w", with_metadata(pk::dict({{"neg", "\x89"}, {"conj", "\x89"}}))}})).size(), 1u);
+}
+
 TEST(TorchPickle, DeeplyNestedSubclassRebuildsAreRefused) {
   // _rebuild_from_type_v2(_rebuild_from_type_v2, None, (_rebuild_from_type_v2, None, (...))),
   // nested far past anything torch writes: the function is memo 0, the growing tuple memo 1,

@@ -5,14 +5,18 @@
 
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <functional>
 #include <string>
+#include <tuple>
 #include <vector>
 
+#include "formats/torch_writer.hpp"
 #include "formats/zip.hpp"
 #include "shardmerge/error.hpp"
 #include "test_support.hpp"
 #include "util/bytes.hpp"
+#include "util/crc32.hpp"
 #include "util/file.hpp"
 
 namespace shardmerge {
@@ -41,8 +45,7 @@ class ZipWriter {
   explicit ZipWriter(std::string path) : path_(std::move(path)), file_(File::create(path_)) {}
 
   CentralRecord& add(const std::string& name, const std::string& data) {
-    CentralRecord& r = begin(name, data.size());
-    r.crc = crc32_update(0, data.data(), data.size());
+    CentralRecord& r = begin(name, data.size(), crc32_update(0, data.data(), data.size()));
     file_.write_exact(cursor_, data.data(), data.size());
     cursor_ += data.size();
     return r;
@@ -50,7 +53,7 @@ class ZipWriter {
 
   // An entry whose data is never written: a hole of `size` bytes.
   CentralRecord& add_sparse(const std::string& name, uint64_t size) {
-    CentralRecord& r = begin(name, size);
+    CentralRecord& r = begin(name, size, 0);  // nothing reads a hole's bytes: its CRC is never checked
     cursor_ += size;
     return r;
   }
@@ -146,7 +149,7 @@ class ZipWriter {
  private:
   // Local header with a ZIP64 field when the size needs one, then an FB field padding the data
   // to a multiple of 64 (torch's alignment).
-  CentralRecord& begin(const std::string& name, uint64_t size) {
+  CentralRecord& begin(const std::string& name, uint64_t size, uint32_t crc) {
     const bool big_size = size >= 0xFFFFFFFFu;
     std::string extra;
     if (big_size) {
@@ -167,14 +170,14 @@ class ZipWriter {
     append_le<uint16_t>(h, 0);  // flags
     append_le<uint16_t>(h, 0);  // method
     append_le<uint32_t>(h, 0);  // time, date
-    append_le<uint32_t>(h, 0);  // crc (the central directory has it)
+    append_le<uint32_t>(h, crc);  // no data descriptor (flag bit 3 clear): CRC and sizes are here
     append_le<uint32_t>(h, big_size ? 0xFFFFFFFFu : static_cast<uint32_t>(size));
     append_le<uint32_t>(h, big_size ? 0xFFFFFFFFu : static_cast<uint32_t>(size));
     append_le<uint16_t>(h, static_cast<uint16_t>(name.size()));
     append_le<uint16_t>(h, static_cast<uint16_t>(extra.size()));
     h += name + extra;
     file_.write_exact(cursor_, h.data(), h.size());
-    records_.push_back({name, 0, 0, size, size, cursor_});
+    records_.push_back({name, 0, crc, size, size, cursor_});
     cursor_ += h.size();
     last_data_offset_ = cursor_;
     return records_.back();
@@ -203,6 +206,21 @@ void expect_zip_error(const std::string& path, const std::string& substring) {
   const std::string what = zip_error(path);
   EXPECT_NE(what.find(substring), std::string::npos) << what;
   EXPECT_NE(what.find(path), std::string::npos) << "the error must name the file: " << what;
+}
+
+// Overwrites bytes of a file in place.
+void patch(const std::string& path, uint64_t offset, const std::string& bytes) {
+  std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
+  f.seekp(static_cast<std::streamoff>(offset));
+  f.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+  ASSERT_TRUE(f.good()) << path;
+}
+
+template <typename T>
+std::string le(T v) {
+  std::string s;
+  append_le<T>(s, v);
+  return s;
 }
 
 // A small valid archive: arc/data.pkl and arc/version.
@@ -398,9 +416,17 @@ TEST(ZipErrors, OverlappingEntries) {
   ZipWriter w(path);
   w.add("arc/a", std::string(100, 'a'));
   w.add("arc/b", std::string(100, 'b'));
-  // 'a' claims 200 bytes: its data now runs over b's header and data, still inside the data area.
+  // 'a' claims 200 bytes, in its local header too: its data now runs over b's header and data,
+  // still inside the data area.
   w.records()[0].usize = w.records()[0].csize = 200;
+  const uint64_t lho = w.records()[0].lho;
   w.finish();
+  {
+    std::string sizes;
+    append_le<uint32_t>(sizes, 200);
+    append_le<uint32_t>(sizes, 200);
+    patch(path, lho + 18, sizes);
+  }
   expect_zip_error(path, "entries 'arc/a' and 'arc/b' overlap");
 }
 
@@ -412,7 +438,7 @@ TEST(ZipErrors, TwoEntriesOnTheSameLocalHeader) {
   w.add("arc/b", std::string(10, 'b'));
   w.records()[1].lho = w.records()[0].lho;
   w.finish();
-  expect_zip_error(path, "overlap");
+  expect_zip_error(path, "entry 'arc/b': its local header at 0 names it 'arc/a'");
 }
 
 TEST(ZipErrors, TruncatedFile) {
@@ -622,6 +648,97 @@ TEST(ZipTorchArchive, NeedsDataPklAndLittleEndian) {
   }
   // An empty archive has no local header at byte 0, so it fails the magic check first.
   expect_torch_archive_error(empty, "magic");
+}
+
+// ---- local headers against the central directory -------------------------------------------
+
+// Each field of the local header of arc/data/0 (16 bytes, no data descriptor), changed alone,
+// is refused: the central directory is what the reader believes, and the local copy must agree.
+TEST(ZipLocalHeader, EveryFieldMustAgreeWithTheCentralDirectory) {
+  struct Edit {
+    const char* what;
+    uint64_t at;  // from the local header's start
+    std::string bytes;
+    const char* error;
+  };
+  const std::vector<Edit> edits = {
+      {"name", 30 + 9, "1", "names it 'arc/data/1'"},
+      {"name length", 26, le<uint16_t>(9), "names it 'arc/data/'"},
+      {"method", 8, le<uint16_t>(8), "has method 8, the central directory 0"},
+      {"flags", 6, le<uint16_t>(0x0800), "has flags 0x00000800, the central directory 0x00000000"},
+      {"crc", 14, le<uint32_t>(0x12345678), "says CRC-32 0x12345678"},
+      {"compressed size", 18, le<uint32_t>(15), "(15 stored)"},
+      {"size", 22, le<uint32_t>(17), "17 bytes"},
+  };
+  for (const Edit& e : edits) {
+    SCOPED_TRACE(e.what);
+    TempDir dir;
+    const std::string path = dir / "local.zip";
+    ZipWriter w(path);
+    w.add("arc/data.pkl", "\x80\x02N.");
+    const uint64_t lho = w.add("arc/data/0", "0123456789abcdef").lho;
+    w.finish();
+    {
+      const File f = File::open_read(path);
+      EXPECT_NO_THROW(ZipArchive::read(f));
+    }
+    patch(path, lho + e.at, e.bytes);
+    expect_zip_error(path, std::string("entry 'arc/data/0': its local header at ") + std::to_string(lho));
+    expect_zip_error(path, e.error);
+  }
+}
+
+// torch's layout: flag bit 3, zeros in the local header, CRC and sizes in a data descriptor
+// after the data; the descriptor must agree with the central directory too.
+TEST(ZipLocalHeader, DataDescriptorsMustAgreeWithTheCentralDirectory) {
+  TempDir dir;
+  const std::string path = dir / "torch.pt";
+  {
+    TorchArchiveWriter w(path, "torch");
+    w.add_record("data.pkl", std::string("\x80\x02N.", 4));
+    w.add_record("byteorder", "little");
+    w.add_record("data/0", "0123456789abcdef");
+    w.finish();
+  }
+  uint64_t data = 0;
+  {
+    const File f = File::open_read(path);
+    const ZipEntry& e = TorchArchive::read(f).record("data/0");
+    data = e.data_offset;
+    ASSERT_EQ(f.read_string(data + 16, 4), le<uint32_t>(0x08074b50)) << "a signed 16-byte descriptor follows";
+  }
+  const std::string good = test::read_file(path);
+  for (const auto& [at, bytes, error] : std::vector<std::tuple<uint64_t, std::string, std::string>>{
+           {4, le<uint32_t>(0xdeadbeef), "data descriptor at " + std::to_string(data + 16) + " says CRC-32 0xdeadbeef"},
+           {8, le<uint32_t>(15), "(15 stored)"},
+           {12, le<uint32_t>(17), "17 bytes"}}) {
+    SCOPED_TRACE(error);
+    patch(path, data + 16 + at, bytes);
+    expect_zip_error(path, error);
+    patch(path, 0, good);
+  }
+}
+
+// Records read while planning (data.pkl, byteorder) are checked against their CRC-32 as read.
+TEST(ZipLocalHeader, RecordsReadWhilePlanningAreChecked) {
+  TempDir dir;
+  const std::string path = dir / "torch.pt";
+  {
+    TorchArchiveWriter w(path, "torch");
+    w.add_record("data.pkl", std::string("\x80\x02N.", 4));
+    w.finish();
+  }
+  const File f = File::open_read(path);
+  const ZipEntry pkl = TorchArchive::read(f).record("data.pkl");
+  EXPECT_EQ(read_record_checked(f, pkl), std::string("\x80\x02N.", 4));
+  patch(path, pkl.data_offset + 2, "X");
+  try {
+    read_record_checked(f, pkl);
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("CRC-32 mismatch: record torch/data.pkl"), std::string::npos) << e.what();
+    EXPECT_EQ(e.file(), path);
+  }
 }
 
 }  // namespace

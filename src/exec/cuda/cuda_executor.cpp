@@ -5,6 +5,7 @@
 #include <thread>
 
 #include "exec/cuda/device_runner.hpp"
+#include "exec/cuda/host_memory.hpp"
 #include "exec/io.hpp"
 #include "exec/sources.hpp"
 #include "shardmerge/error.hpp"
@@ -26,6 +27,12 @@ constexpr uint64_t kDefaultGpuMemory = 4ull << 30;
 
 std::string mib(uint64_t bytes) { return std::to_string((bytes + kMiB - 1) / kMiB) + " MiB"; }
 
+// Host memory of one device's buffers, as fixed + per_chunk * chunk: its pinned buffers plus
+// one sink buffer per output in flight (a comparing sink reads the reference into one).
+cuda::Staging::Cost host_cost(const cuda::Staging& s) {
+  return {s.pinned().fixed, s.pinned().per_chunk + cuda::Staging::kOutputs};
+}
+
 class CudaExecutor : public Executor {
  public:
   CudaExecutor(std::vector<int> devices, uint64_t gpu_memory) : devices_(std::move(devices)), gpu_memory_(gpu_memory) {
@@ -46,8 +53,14 @@ class CudaExecutor : public Executor {
   std::string name() const override { return name_; }
 
   ExecStats run(const MergePlan& plan, const OutputSink& out, const ExecOptions& options) override {
-    const OpenSources sources(plan.sources);
+    OpenSources sources(plan, options.check_crc);
     const bool folds = std::any_of(plan.tensors.begin(), plan.tensors.end(), [](const OutputTensor& t) { return t.lora.has_value(); });
+    // --memory-limit counts the contexts and cuBLAS: a limit that cannot hold them is refused
+    // before a context is created (creating it would already pass the limit).
+    const cuda::Staging::Cost least = host_cost(cuda::Staging{});
+    cuda::require_host_memory_for_cuda(options.memory_limit, current_rss_bytes(), kReserve,
+                                       devices_.size() * (least.fixed + least.per_chunk * kChunkStep), devices_.size(),
+                                       folds);
     // Contexts and cuBLAS handles first: they take host memory that staging must not count on.
     std::vector<cuda::Cublas> blas(devices_.size());
     std::vector<uint64_t> free(devices_.size());
@@ -64,8 +77,9 @@ class CudaExecutor : public Executor {
       free[i] = available;
     }
     cuda::Staging staging = size_staging(plan, options, folds, free);
-    // A re-run (merge --verify) cuts the same fold slabs, so cuBLAS picks the same kernels and
-    // the products agree bit for bit; the first run's chunk is kept unless memory got tighter.
+    // A re-run (into a comparing sink, as the tests do) cuts the same fold slabs, so cuBLAS picks
+    // the same kernels and the products agree bit for bit; the first run's chunk is kept unless
+    // memory got tighter.
     staging.chunk = chunk_ = chunk_ ? std::min(chunk_, staging.chunk) : staging.chunk;
     const std::vector<Task> tasks = make_tasks(plan, TaskLimits{staging.chunk, staging.chunk});
     const std::vector<std::vector<Task>> parts = split_by_bytes(plan, tasks, devices_.size());
@@ -87,6 +101,7 @@ class CudaExecutor : public Executor {
     if (shared.error()) std::rethrow_exception(shared.error());
 
     ExecStats stats;
+    stats.records_checked = sources.finish();
     stats.bytes_read = shared.bytes_read.load();
     stats.bytes_written = shared.bytes_written.load();
     stats.tasks = tasks.size();
@@ -96,9 +111,9 @@ class CudaExecutor : public Executor {
 
  private:
   // One chunk size for every device: the largest that both budgets allow. Host: --memory-limit
-  // less what the process holds once the contexts exist, for each device's pinned buffers plus
-  // one sink buffer per output in flight (verify's comparing sink reads the reference into one).
-  // Device: --gpu-memory (or the default) for the device's buffers.
+  // less what the process holds once the contexts and cuBLAS exist (measured) and the kernels
+  // they will load on first launch (estimated), for each device's host_cost. Device:
+  // --gpu-memory (or the default) for the device's buffers.
   cuda::Staging size_staging(const MergePlan& plan, const ExecOptions& options, bool folds,
                              const std::vector<uint64_t>& free) const {
     cuda::Staging s;
@@ -107,13 +122,15 @@ class CudaExecutor : public Executor {
       if (t.lora) s.resident = std::max(s.resident, static_cast<uint64_t>(t.lora->rank * t.shape.at(1)) * 4);
 
     const uint64_t devices = devices_.size();
-    const cuda::Staging::Cost host{s.pinned().fixed, s.pinned().per_chunk + cuda::Staging::kOutputs};
-    const uint64_t baseline = current_rss_bytes() + kReserve;
+    const cuda::Staging::Cost host = host_cost(s);
+    const uint64_t rss = current_rss_bytes();
+    const uint64_t baseline = rss + kReserve + cuda::kLazyKernelHostBytes;
     const uint64_t host_needed = baseline + devices * (host.fixed + host.per_chunk * kChunkStep);
     if (options.memory_limit < host_needed)
       throw usage_error("--memory-limit " + mib(options.memory_limit) + " is below the " + mib(host_needed) +
                         " this process needs at minimum with the CUDA executor on " + std::to_string(devices) +
-                        " device(s)");
+                        " device(s) (it holds " + mib(rss) + " with the CUDA context" + (devices > 1 ? "s" : "") +
+                        (folds ? " and cuBLAS" : "") + " loaded); raise --memory-limit");
     uint64_t chunk = std::min(kMaxChunk, ((options.memory_limit - baseline) / devices - host.fixed) / host.per_chunk);
 
     const cuda::Staging::Cost device = s.device();

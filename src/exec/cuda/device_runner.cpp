@@ -5,7 +5,6 @@
 #include <string>
 
 #include "exec/fill.hpp"
-#include "exec/io.hpp"
 #include "shardmerge/error.hpp"
 #include "util/progress.hpp"
 
@@ -52,7 +51,8 @@ DeviceRunner::DeviceRunner(int device, cublasHandle_t blas, const Staging& stagi
       compute_(make_stream()),
       d2h_(make_stream()),
       inputs_(Staging::kInputs),
-      outputs_(Staging::kOutputs) {
+      outputs_(Staging::kOutputs),
+      busy_(Staging::kOutputs) {
   for (InputSlot& s : inputs_) {
     s.host = PinnedMemory(Staging::kDescriptorBytes + staging.chunk);
     s.dev = DeviceMemory(Staging::kDescriptorBytes + staging.chunk);
@@ -109,12 +109,13 @@ void DeviceRunner::run_task(const Task& t) {
     // Nothing to convert: the bytes go file to file on an I/O thread and never near the GPU.
     in_background(lease, t.tensor, [this, t, where](OutputSlot& o) {
       if (run_.failed()) return;
-      const int fd = run_.sources.fds[t.src_file];
       auto scope = trace("copy", where.bytes);
-      if (run_.out.copy_from(fd, t.src_offset, where.file, where.offset, where.bytes)) {
+      // copy_file_range keeps the bytes in the kernel, where they cannot be checked.
+      if (!run_.sources.checks_reads() &&
+          run_.out.copy_from(run_.sources.fds[t.src_file], t.src_offset, where.file, where.offset, where.bytes)) {
         wrote(where.bytes);
       } else {
-        pread_exact(fd, t.src_offset, o.host.data(), where.bytes, run_.sources.names[t.src_file]);
+        run_.sources.read(t.src_file, t.src_offset, o.host.data(), where.bytes);
         write(where, o.host.data());
       }
     });
@@ -210,7 +211,7 @@ void DeviceRunner::read_all(const std::vector<FillRead>& reads, uint8_t* data) {
     if (batch.empty()) return;
     jobs.emplace_back([this, data, b = std::move(batch)] {
       for (const FillRead& r : b)
-        pread_exact(run_.sources.fds[r.file], r.file_offset, data + r.offset, r.bytes, run_.sources.names[r.file]);
+        run_.sources.read(r.file, r.file_offset, data + r.offset, r.bytes);
     });
     batch.clear();
     batch_bytes = 0;
@@ -249,25 +250,15 @@ void DeviceRunner::upload(InputSlot& s, uint64_t descriptor_bytes, uint64_t data
 void DeviceRunner::consumed(InputSlot& s) { check(cudaEventRecord(s.consumed.get(), compute_.get()), "cudaEventRecord"); }
 
 DeviceRunner::OutputSlot& DeviceRunner::acquire_output() {
-  OutputSlot& o = outputs_[next_output_++ % outputs_.size()];
-  std::unique_lock<std::mutex> lock(mutex_);
-  released_.wait(lock, [&] { return !o.busy; });
-  o.busy = true;
-  return o;
+  const size_t i = next_output_++ % outputs_.size();
+  busy_.acquire(i);
+  return outputs_[i];
 }
 
-void DeviceRunner::release(OutputSlot& o) {
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    o.busy = false;
-  }
-  released_.notify_all();
-}
+// The last thing an I/O job does with this runner (see BusySlots: it may be destroyed next).
+void DeviceRunner::release(OutputSlot& o) { busy_.release(static_cast<size_t>(&o - outputs_.data())); }
 
-void DeviceRunner::wait_for_writes() {
-  std::unique_lock<std::mutex> lock(mutex_);
-  released_.wait(lock, [&] { return std::none_of(outputs_.begin(), outputs_.end(), [](const OutputSlot& o) { return o.busy; }); });
-}
+void DeviceRunner::wait_for_writes() { busy_.wait_all_free(); }
 
 void DeviceRunner::send(Lease& lease, const Output& where) {
   OutputSlot& o = lease.slot();

@@ -7,7 +7,6 @@
 #pragma once
 
 #include <atomic>
-#include <condition_variable>
 #include <cstdint>
 #include <exception>
 #include <functional>
@@ -15,6 +14,7 @@
 #include <utility>
 #include <vector>
 
+#include "exec/cuda/busy_slots.hpp"
 #include "exec/cuda/cuda_resources.hpp"
 #include "exec/cuda/io_pool.hpp"
 #include "exec/fill.hpp"
@@ -98,7 +98,6 @@ class DeviceRunner {
     DeviceMemory dev;
     Event ready;    // computed
     Event fetched;  // back in host memory
-    bool busy = false;  // between acquire_output and the end of its write; guarded by mutex_
   };
   // Where an output slot's bytes go; a fold slab also has its non-finite flag checked.
   struct Output {
@@ -161,8 +160,7 @@ class DeviceRunner {
   std::vector<OutputSlot> outputs_;
   DeviceMemory w32_, part_, resident_, workspace_;
   uint64_t next_input_ = 0, next_output_ = 0;
-  std::mutex mutex_;
-  std::condition_variable released_;
+  BusySlots<> busy_;  // output slots between acquire_output and the end of their write
 };
 
 }  // namespace shardmerge::cuda

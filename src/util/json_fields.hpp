@@ -1,0 +1,58 @@
+// Optional fields of the JSON files found beside checkpoints (config.json, adapter_config.json,
+// lora_train_meta.json, ckpt_contents.json, ...), read with the file and the field named in
+// every error: nlohmann's own type errors ("type must be string, but is number") name neither.
+#pragma once
+
+#include <cstdint>
+#include <limits>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <type_traits>
+
+#include "shardmerge/error.hpp"
+
+namespace shardmerge {
+
+namespace json_fields_detail {
+
+template <typename T>
+constexpr const char* expected_name() {
+  if constexpr (std::is_same_v<T, bool>) return "a boolean";
+  else if constexpr (std::is_same_v<T, std::string>) return "a string";
+  else if constexpr (std::is_integral_v<T>) return "an integer";
+  else return "a number";
+}
+
+template <typename T, typename Json>
+bool holds(const Json& v) {
+  if constexpr (std::is_same_v<T, bool>) return v.is_boolean();
+  else if constexpr (std::is_same_v<T, std::string>) return v.is_string();
+  else if constexpr (std::is_integral_v<T>)
+    return v.is_number_integer() &&
+           (!v.is_number_unsigned() || v.template get<uint64_t>() <= static_cast<uint64_t>(std::numeric_limits<T>::max()));
+  else return v.is_number();
+}
+
+}  // namespace json_fields_detail
+
+// `object[key]` as T (bool, std::string, int64_t or double); nullopt when `object` is not an
+// object or has no such key or holds null there. Another type is an Error naming `file` and
+// the field (`parent.key` when `parent` is given).
+template <typename T, typename Json>
+std::optional<T> json_field(const Json& object, const std::string& key, const std::string& file,
+                            const std::string& parent = "") {
+  if (!object.is_object()) return std::nullopt;
+  const auto it = object.find(key);
+  if (it == object.end() || it->is_null()) return std::nullopt;
+  if (!json_fields_detail::holds<T>(*it)) {
+    std::string value = it->dump();
+    if (value.size() > 40) value = value.substr(0, 40) + "...";
+    throw Error("'" + (parent.empty() ? key : parent + "." + key) + "' is " + value + ", not " +
+                json_fields_detail::expected_name<T>())
+        .file(file);
+  }
+  return it->template get<T>();
+}
+
+}  // namespace shardmerge

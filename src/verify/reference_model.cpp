@@ -1,0 +1,182 @@
+#include "verify/reference_model.hpp"
+
+#include <charconv>
+#include <optional>
+#include <span>
+
+#include "plan/megatron_names.hpp"
+#include "plan/peft_names.hpp"
+#include "shardmerge/error.hpp"
+#include "util/shape.hpp"
+
+namespace shardmerge {
+namespace {
+
+SourceMap whole(const ReferenceTensor& t) { return {&t, {}, {}, t.shape}; }
+
+std::optional<int64_t> parse_index(const std::string& s) {
+  int64_t v = 0;
+  auto r = std::from_chars(s.data(), s.data() + s.size(), v);
+  if (s.empty() || r.ec != std::errc() || r.ptr != s.data() + s.size() || v < 0) return std::nullopt;
+  return v;
+}
+
+int64_t config_int(const nlohmann::ordered_json& c, const char* key, std::optional<int64_t> fallback = std::nullopt) {
+  if (c.contains(key) && c[key].is_number_integer()) return c[key].get<int64_t>();
+  if (fallback) return *fallback;
+  throw Error(std::string("verify: config.json has no integer '") + key + "'");
+}
+
+bool ends_with(const std::string& s, const std::string& suffix) {
+  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+std::string replace_once(std::string s, const std::string& what, const std::string& with) {
+  const size_t at = s.find(what);
+  if (at != std::string::npos) s.replace(at, what.size(), with);
+  return s;
+}
+
+// Megatron -> HF, element by element. The fused layouts, as Megatron-Core stores them:
+//  - linear_qkv rows: for each of the kv_heads groups, q_per_kv query heads, then one key head,
+//    then one value head, head_dim rows each;
+//  - linear_fc1 rows: all gate rows, then all up rows.
+class MegatronMapper {
+ public:
+  MegatronMapper(ReferenceModel& model, const nlohmann::ordered_json& config) : model_(model) {
+    const std::string arch = config.contains("architectures") && config["architectures"].is_array() &&
+                                     !config["architectures"].empty() && config["architectures"][0].is_string()
+                                 ? config["architectures"][0].get<std::string>()
+                                 : "";
+    rules_ = megatron_name_rules(arch);
+    if (rules_.empty()) throw Error("verify: no Megatron name table for architecture '" + arch + "'");
+    heads_ = config_int(config, "num_attention_heads");
+    kv_heads_ = config_int(config, "num_key_value_heads", heads_);
+    head_dim_ = config_int(config, "head_dim", config_int(config, "hidden_size") / heads_);
+    vocab_ = config_int(config, "vocab_size");
+  }
+
+  void run() {
+    for (const ReferenceTensor& t : model_.sources.tensors) {
+      if (t.name.find("_extra_state") != std::string::npos) continue;
+      const std::string prefix = "decoder.layers.";
+      if (t.name.rfind(prefix, 0) != 0) {
+        global(t);
+        continue;
+      }
+      const std::string rest = t.name.substr(prefix.size());
+      const std::string first = rest.substr(0, rest.find('.'));
+      if (const auto layer = parse_index(first)) {
+        layer_key(t, {}, *layer, rest.substr(first.size() + 1));
+        continue;
+      }
+      // Layer-stacked: source index 0 is the layer.
+      for (int64_t l = 0; l < (t.shape.empty() ? 0 : t.shape[0]); ++l) layer_key(t, {l}, l, rest);
+    }
+  }
+
+ private:
+  void global(const ReferenceTensor& t) {
+    auto trimmed = [&](const std::string& hf) {
+      SourceMap m = whole(t);
+      if (m.shape.size() == 2 && m.shape[0] > vocab_) m.shape[0] = vocab_;  // padded vocab rows are dropped
+      model_.weights[hf] = m;
+    };
+    if (t.name == "embedding.word_embeddings.weight") trimmed("model.embed_tokens.weight");
+    else if (t.name == "decoder.final_layernorm.weight") model_.weights["model.norm.weight"] = whole(t);
+    // The output layer is lm_head, or a value model's [1, H] head, whichever the plan writes.
+    else if (t.name == "output_layer.weight") {
+      trimmed("lm_head.weight");
+      model_.weights["score.weight"] = whole(t);
+    }
+  }
+
+  void layer_key(const ReferenceTensor& t, std::vector<int64_t> lead, int64_t layer, const std::string& rest) {
+    const std::string grouped = "mlp.experts.experts.", sequential = "mlp.experts.local_experts.", plain = "mlp.experts.";
+    if (rest.rfind(grouped, 0) == 0) {  // grouped GEMM: one more leading [E] index
+      const size_t e_dim = lead.size();
+      for (int64_t e = 0; e < (t.shape.size() > e_dim ? t.shape[e_dim] : 0); ++e) {
+        auto l = lead;
+        l.push_back(e);
+        add(t, l, layer, e, "mlp.experts.*." + rest.substr(grouped.size()));
+      }
+      return;
+    }
+    for (const std::string& p : {sequential, plain}) {
+      if (rest.rfind(p, 0) != 0) continue;
+      const std::string tail = rest.substr(p.size());
+      const std::string id = tail.substr(0, tail.find('.'));
+      if (const auto e = parse_index(id); e && id.size() < tail.size()) return add(t, lead, layer, *e, "mlp.experts.*." + tail.substr(id.size() + 1));
+    }
+    add(t, lead, layer, -1, rest);
+  }
+
+  void add(const ReferenceTensor& t, const std::vector<int64_t>& lead, int64_t layer, int64_t expert, const std::string& rest) {
+    const std::string in = ".adapter.linear_in.weight", out = ".adapter.linear_out.weight";
+    const bool is_a = ends_with(rest, in), is_b = ends_with(rest, out);
+    const std::string weight = is_a || is_b ? rest.substr(0, rest.size() - (is_a ? in : out).size()) + ".weight" : rest;
+    const MegatronNameRule* rule = nullptr;
+    for (const auto& r : rules_)
+      if (r.megatron == weight) rule = &r;
+    if (!rule) return;  // no HF tensor comes from it; an output tensor without a source is reported
+    std::string hf = "model.layers." + std::to_string(layer) + "." + rule->hf;
+    if (expert >= 0) hf = replace_once(hf, "*", std::to_string(expert));
+    SourceMap m{&t, lead, {}, std::vector<int64_t>(t.shape.begin() + static_cast<std::ptrdiff_t>(lead.size()), t.shape.end())};
+    for (auto& [part, map] : split(*rule, m)) {
+      const std::string name = part.empty() ? hf : replace_once(hf, "{}", part);
+      const std::string module = name.substr(0, name.size() - std::string(".weight").size());
+      if (is_a) model_.lora[module].a = m;  // A is shared by the parts of a fused weight
+      else if (is_b) model_.lora[module].b = map;
+      else model_.weights[name] = map;
+    }
+  }
+
+  std::vector<std::pair<std::string, SourceMap>> split(const MegatronNameRule& rule, const SourceMap& m) const {
+    auto rows = [&](int64_t n, std::function<int64_t(int64_t)> f) {
+      SourceMap out = m;
+      out.shape.at(0) = n;
+      out.row = std::move(f);
+      return out;
+    };
+    if (rule.split == MegatronNameRule::Split::None) return {{"", m}};
+    if (rule.split == MegatronNameRule::Split::GateUp) {
+      const int64_t half = m.shape.at(0) / 2;
+      return {{"gate", rows(half, [](int64_t r) { return r; })}, {"up", rows(half, [half](int64_t r) { return half + r; })}};
+    }
+    const int64_t q_per_kv = heads_ / kv_heads_, hd = head_dim_;
+    const int64_t q_rows = q_per_kv * hd, group = (q_per_kv + 2) * hd;
+    return {{"q", rows(kv_heads_ * q_rows, [=](int64_t r) { return r / q_rows * group + r % q_rows; })},
+            {"k", rows(kv_heads_ * hd, [=](int64_t r) { return r / hd * group + q_rows + r % hd; })},
+            {"v", rows(kv_heads_ * hd, [=](int64_t r) { return r / hd * group + q_rows + hd + r % hd; })}};
+  }
+
+  ReferenceModel& model_;
+  std::vector<MegatronNameRule> rules_;
+  int64_t heads_ = 0, kv_heads_ = 0, head_dim_ = 0, vocab_ = 0;
+};
+
+}  // namespace
+
+void map_peft_names(ReferenceModel& model, size_t adapter_begin) {
+  // PEFT's name rules need SourceTensors; these carry names, dtypes and shapes only.
+  std::vector<SourceTensor> named;
+  for (const ReferenceTensor& t : model.sources.tensors) named.push_back({t.name, t.dtype, t.shape, {}, ""});
+  PeftSplit split;
+  const std::span<const SourceTensor> all(named);
+  add_peft_tensors(split, all.first(adapter_begin), /*saved_adapter=*/false);
+  add_peft_tensors(split, all.subspan(adapter_begin), /*saved_adapter=*/true);
+  auto reference = [&](const SourceTensor* t) -> const ReferenceTensor& {
+    return model.sources.tensors.at(static_cast<size_t>(t - named.data()));
+  };
+  for (const auto& [hf, t] : split.base) model.weights[hf] = whole(reference(t));
+  for (const LoraModule& m : split.lora) {
+    if (!m.a || !m.b) continue;
+    model.lora[m.module] = {whole(reference(m.a)), whole(reference(m.b)), m.embedding};
+  }
+}
+
+void map_megatron_names(ReferenceModel& model, const nlohmann::ordered_json& config) {
+  MegatronMapper(model, config).run();
+}
+
+}  // namespace shardmerge

@@ -1,0 +1,89 @@
+// JSON files beside a checkpoint with fields of the wrong type: every reader says which file
+// and which field (util/json_fields.hpp), instead of letting nlohmann's context-free
+// type_error ("type must be string, but is number") escape.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+#include "layouts/layout.hpp"
+#include "plan/lora.hpp"
+#include "plan/megatron_names.hpp"
+#include "shardmerge/error.hpp"
+#include "test_support.hpp"
+#include "util/json_fields.hpp"
+
+namespace shardmerge {
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+// The message of the shardmerge::Error that `read` throws; any other exception fails the test.
+template <typename F>
+std::string error_of(F&& read) {
+  try {
+    read();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  ADD_FAILURE() << "no shardmerge::Error";
+  return "";
+}
+
+TEST(JsonFields, TypedOptionalFields) {
+  const json j = {{"s", "x"}, {"i", 3}, {"b", true}, {"d", 0.5}, {"n", nullptr}, {"big", 18446744073709551615ull}};
+  EXPECT_EQ(json_field<std::string>(j, "s", "f.json"), "x");
+  EXPECT_EQ(json_field<int64_t>(j, "i", "f.json"), 3);
+  EXPECT_EQ(json_field<double>(j, "i", "f.json"), 3.0);
+  EXPECT_EQ(json_field<bool>(j, "b", "f.json"), true);
+  EXPECT_FALSE(json_field<bool>(j, "missing", "f.json"));
+  EXPECT_FALSE(json_field<bool>(j, "n", "f.json"));
+  EXPECT_FALSE(json_field<bool>(json::array(), "b", "f.json"));
+  EXPECT_EQ(error_of([&] { json_field<int64_t>(j, "big", "/c/f.json"); }),
+            "/c/f.json: 'big' is 18446744073709551615, not an integer");
+  EXPECT_EQ(error_of([&] { json_field<bool>(j, "s", "/c/f.json", "parent"); }), "/c/f.json: 'parent.s' is \"x\", not a boolean");
+}
+
+TEST(JsonFields, AdapterConfigAndTrainMetaNameFileAndField) {
+  const std::string source = "/ckpt/lora_adapter/adapter_config.json";
+  EXPECT_EQ(error_of([&] { lora_config_from_adapter_config({{"peft_type", 3}}, source); }),
+            source + ": 'peft_type' is 3, not a string");
+  EXPECT_EQ(error_of([&] { lora_config_from_adapter_config({{"use_dora", "no"}}, source); }),
+            source + ": 'use_dora' is \"no\", not a boolean");
+  EXPECT_EQ(error_of([&] { lora_config_from_adapter_config({{"rank_pattern", {{"q_proj", "8"}}}}, source); }),
+            source + ": 'rank_pattern.q_proj' is \"8\", not an integer");
+  EXPECT_EQ(error_of([&] { lora_config_from_adapter_config({{"alpha_pattern", {{"q_proj", {1}}}}}, source); }),
+            source + ": 'alpha_pattern.q_proj' is [1], not a number");
+  EXPECT_EQ(error_of([&] { lora_config_from_train_meta({{"r", 8}, {"use_rslora", 1}}, "/ckpt/lora_train_meta.json"); }),
+            "/ckpt/lora_train_meta.json: 'use_rslora' is 1, not a boolean");
+  // PEFT writes null for options it leaves unset.
+  EXPECT_NO_THROW(lora_config_from_adapter_config({{"use_dora", nullptr}, {"rank_pattern", {{"q_proj", nullptr}}}}, source));
+}
+
+TEST(JsonFields, MegatronManifestNamesFileAndField) {
+  test::TempDir d;
+  const fs::path role = d.path() / "actor";
+  fs::create_directories(role / "model" / "dist_ckpt");
+  std::ofstream(role / "ckpt_contents.json") << R"({"contents": {"model": {"format": 7, "path": "model/dist_ckpt"}}})";
+  const std::string what = error_of([&] { layouts::detect(role.string()); });
+  EXPECT_EQ(what, (role / "ckpt_contents.json").string() + ": 'contents.model.format' is 7, not a string");
+}
+
+TEST(JsonFields, HfConfigForTheMegatronMapping) {
+  SourceSet empty;
+  const json base = {{"architectures", {"Qwen2ForCausalLM"}}, {"num_hidden_layers", 1}, {"hidden_size", 8},
+                     {"num_attention_heads", 2}, {"vocab_size", 4}};
+  json tie = base;
+  tie["tie_word_embeddings"] = "yes";
+  EXPECT_EQ(error_of([&] { map_megatron_to_hf(empty, nlohmann::ordered_json(tie), {}); }),
+            "config.json: 'tie_word_embeddings' is \"yes\", not a boolean");
+  json arch = base;
+  arch["architectures"] = {1};
+  EXPECT_NE(error_of([&] { map_megatron_to_hf(empty, nlohmann::ordered_json(arch), {}); }).find("no Megatron -> HF mapping"),
+            std::string::npos);
+}
+
+}  // namespace
+}  // namespace shardmerge

@@ -1,0 +1,147 @@
+// Megatron legacy per-rank trees (src/layouts/megatron.cpp, describe_megatron_legacy) built
+// from hostile names: rank directories, VPP chunk prefixes and expert numbers that do not
+// parse, or parse to indices that would overflow, are errors naming the tensor or directory.
+// The rank files are small torch.save archives written with the repository's writers.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "formats/pickle_writer.hpp"
+#include "formats/torch_writer.hpp"
+#include "layouts/layout.hpp"
+#include "layouts/megatron.hpp"
+#include "shardmerge/error.hpp"
+#include "test_support.hpp"
+
+namespace fs = std::filesystem;
+
+namespace shardmerge::layouts {
+namespace {
+
+using Tensors = std::vector<std::pair<std::string, std::vector<int64_t>>>;
+
+// torch.save({name: zeros(shape, dtype=float32), ...}) into <dir>/model.pt.
+void write_rank_file(const fs::path& dir, const Tensors& tensors) {
+  fs::create_directories(dir);
+  pickle::Writer w;
+  w.empty_dict().mark();
+  std::vector<int64_t> numels;
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const auto& [name, shape] = tensors[i];
+    std::vector<int64_t> stride(shape.size(), 1);
+    int64_t numel = 1;
+    for (size_t d = shape.size(); d-- > 0;) {
+      stride[d] = numel;
+      numel *= shape[d];
+    }
+    numels.push_back(numel);
+    w.str(name).global("torch._utils", "_rebuild_tensor_v2").mark();
+    w.mark().str("storage").global("torch", "FloatStorage").str(std::to_string(i)).str("cpu").integer(numel).tuple().binpersid();
+    w.integer(0).int_tuple(shape).int_tuple(stride).boolean(false).global("collections", "OrderedDict").empty_tuple().reduce();
+    w.tuple().reduce();
+  }
+  w.setitems();
+  TorchArchiveWriter zip((dir / "model.pt").string(), "model");
+  zip.add_record("data.pkl", w.finish());
+  zip.add_record("byteorder", "little");
+  for (size_t i = 0; i < numels.size(); ++i)
+    zip.add_record("data/" + std::to_string(i), std::string(static_cast<size_t>(numels[i]) * 4, '\0'));
+  zip.finish();
+}
+
+std::string legacy_error(const test::TempDir& root, const std::vector<std::pair<std::string, Tensors>>& ranks,
+                         const nlohmann::ordered_json& config = nlohmann::ordered_json::object()) {
+  MegatronRole role;
+  role.path = root.path().string();
+  role.layout = "legacy mp_rank";
+  for (const auto& [dir, tensors] : ranks) {
+    write_rank_file(root.path() / dir, tensors);
+    role.mp_rank_dirs.push_back((root.path() / dir).string());
+  }
+  try {
+    describe_megatron_legacy(role, config);
+  } catch (const Error& e) {
+    return e.what();
+  }
+  ADD_FAILURE() << "no error";
+  return "";
+}
+
+TEST(MegatronLegacy, AWellFormedTreeDescribes) {
+  test::TempDir root;
+  MegatronRole role;
+  role.path = root.path().string();
+  for (const char* dir : {"mp_rank_00", "mp_rank_01"}) {
+    write_rank_file(root.path() / dir, {{"decoder.layers.0.self_attention.linear_proj.weight", {4, 2}},
+                                        {"decoder.final_layernorm.weight", {4}}});
+    role.mp_rank_dirs.push_back((root.path() / dir).string());
+  }
+  const SourceSet set = describe_megatron_legacy(role, nlohmann::ordered_json::object());
+  ASSERT_EQ(set.tensors.size(), 2u);
+  EXPECT_EQ(set.tensors[1].name, "decoder.layers.0.self_attention.linear_proj.weight");
+  EXPECT_EQ(set.tensors[1].shape, (std::vector<int64_t>{4, 4}));
+}
+
+TEST(MegatronLegacy, RankIndicesPastTheDirectoryCountAreRefused) {
+  // tp = 2^63 - 1: "tp + 1" and tp * pp * ep overflowed.
+  test::TempDir root;
+  const std::string what = legacy_error(root, {{"mp_rank_9223372036854775807", {{"decoder.final_layernorm.weight", {4}}}}});
+  EXPECT_NE(what.find("rank index past the 1 mp_rank directories"), std::string::npos) << what;
+  EXPECT_NE(what.find("mp_rank_9223372036854775807"), std::string::npos) << what;
+}
+
+TEST(MegatronLegacy, ExpertNumbersThatDoNotParseAreErrors) {
+  const nlohmann::ordered_json moe = {{"num_experts", 2}, {"moe_intermediate_size", 4}};
+  {  // SequentialMLP with no number: an empty optional was dereferenced.
+    test::TempDir root;
+    const std::string what =
+        legacy_error(root, {{"mp_rank_00", {{"decoder.layers.0.mlp.experts.local_experts.x.linear_fc2.weight", {4, 4}}}}}, moe);
+    EXPECT_NE(what.find("local expert without an expert number"), std::string::npos) << what;
+  }
+  {  // TEGroupedMLP "weight<j>" with no number: std::stoll threw std::invalid_argument.
+    test::TempDir root;
+    const std::string what =
+        legacy_error(root, {{"mp_rank_00", {{"decoder.layers.0.mlp.experts.linear_fc2.weightx", {4, 4}}}}}, moe);
+    EXPECT_NE(what.find("grouped expert weight without an expert number"), std::string::npos) << what;
+    EXPECT_NE(what.find("tensor 'decoder.layers.0.mlp.experts.linear_fc2.weightx'"), std::string::npos) << what;
+  }
+  {  // An expert number past config.json's experts: ep_rank * (E / ep) + j overflowed.
+    test::TempDir root;
+    const std::string what =
+        legacy_error(root, {{"mp_rank_00", {{"decoder.layers.0.mlp.experts.linear_fc2.weight9223372036854775807", {4, 4}}}}}, moe);
+    EXPECT_NE(what.find("without an expert number"), std::string::npos) << what;
+    test::TempDir root2;
+    const std::string past =
+        legacy_error(root2, {{"mp_rank_00", {{"decoder.layers.0.mlp.experts.linear_fc2.weight2", {4, 4}}}}}, moe);
+    EXPECT_NE(past.find("local expert 2 but each of the 1 EP ranks holds 2"), std::string::npos) << past;
+  }
+}
+
+TEST(MegatronLegacy, HugeLayerAndChunkNumbersAreNotIndices) {
+  // "decoder.layers.<2^63 - 1>." made "layer + 1" overflow; such a name is not a layer.
+  test::TempDir root;
+  MegatronRole role;
+  role.path = root.path().string();
+  write_rank_file(root.path() / "mp_rank_00", {{"decoder.layers.9223372036854775807.input_layernorm.weight", {4}},
+                                               {"-1.decoder.final_layernorm.weight", {4}}});
+  role.mp_rank_dirs.push_back((root.path() / "mp_rank_00").string());
+  const SourceSet set = describe_megatron_legacy(role, nlohmann::ordered_json::object());
+  std::vector<std::string> names;
+  for (const auto& t : set.tensors) names.push_back(t.name);
+  EXPECT_EQ(names, (std::vector<std::string>{"-1.decoder.final_layernorm.weight",
+                                             "decoder.layers.9223372036854775807.input_layernorm.weight"}));
+}
+
+TEST(MegatronLegacy, RowParallelTensorsOfOneDimAreRefused) {
+  // Concatenating along dim 1 of a 1-D tensor wrote past the slice's start vector.
+  test::TempDir root;
+  const Tensors one_dim = {{"decoder.layers.0.self_attention.linear_proj.weight", {4}}};
+  const std::string what = legacy_error(root, {{"mp_rank_00", one_dim}, {"mp_rank_01", one_dim}});
+  EXPECT_NE(what.find("has 1 dims; its TP shards are concatenated along dim 1"), std::string::npos) << what;
+}
+
+}  // namespace
+}  // namespace shardmerge::layouts
