@@ -86,14 +86,20 @@ fi
 
 # --- one table and one JSON
 status_of() { case "$1" in 0) echo passed ;; skipped) echo skipped ;; *) echo "failed (rc $1)" ;; esac; }
+# "passed failed skipped" of one suite, from gtest's per-test result lines ("[ ... ] S.T (N ms)").
+counts_of() {
+  local s=$1 r n=()
+  for r in "       OK " "  FAILED  " "  SKIPPED "; do
+    n+=("$(grep -cE "^\[$r\] $s\.[^ ]+ \(" "$OUT/unit.log" 2>/dev/null)")
+  done
+  echo "${n[*]}"
+}
 {
   printf '%-34s %-16s %7s %7s %8s\n' "step / suite" "status" "passed" "failed" "skipped"
   printf '%-34s %-16s\n' "gpu" "$gpu"
   printf '%-34s %-16s\n' "build ($BUILD_DIR)" "$(status_of "$build_rc")"
   for s in "${suites[@]}"; do
-    p=$(grep -cE "^\[       OK \] $s\." "$OUT/unit.log" 2>/dev/null)
-    f=$(grep -cE "^\[  FAILED  \] $s\.[^ ]+ \(" "$OUT/unit.log" 2>/dev/null)
-    k=$(grep -cE "^\[  SKIPPED \] $s\." "$OUT/unit.log" 2>/dev/null)
+    read -r p f k < <(counts_of "$s")
     st=passed; [ "$f" != 0 ] && st=failed; [ "$p" = 0 ] && [ "$f" = 0 ] && st=skipped
     printf '%-34s %-16s %7s %7s %8s\n' "  unit: $s" "$st" "$p" "$f" "$k"
   done
@@ -106,9 +112,7 @@ status_of() { case "$1" in 0) echo passed ;; skipped) echo skipped ;; *) echo "f
   printf '  "build": "%s",\n  "unit": {"status": "%s", "suites": [' "$(status_of "$build_rc")" "$(status_of "$unit_rc")"
   sep=""
   for s in "${suites[@]}"; do
-    p=$(grep -cE "^\[       OK \] $s\." "$OUT/unit.log" 2>/dev/null)
-    f=$(grep -cE "^\[  FAILED  \] $s\.[^ ]+ \(" "$OUT/unit.log" 2>/dev/null)
-    k=$(grep -cE "^\[  SKIPPED \] $s\." "$OUT/unit.log" 2>/dev/null)
+    read -r p f k < <(counts_of "$s")
     printf '%s\n    {"suite": "%s", "passed": %s, "failed": %s, "skipped": %s}' "$sep" "$s" "$p" "$f" "$k"
     sep=","
   done

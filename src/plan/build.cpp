@@ -175,7 +175,7 @@ MergePlan build_plan(const PlanInput& input, const OutputOptions& options) {
                                                 : shard_file_name(group.file_stem, s, shards.size()));
       std::vector<TensorDecl> decls;
       for (size_t i : shards[s]) decls.push_back({outs[i].name, outs[i].dtype, outs[i].shape});
-      const SafetensorsLayout layout = layout_safetensors(decls);
+      const SafetensorsLayout layout = layout_safetensors(decls, group.metadata);
       file.header = layout.header;
       file.size = layout.file_size;
       const auto file_index = static_cast<uint32_t>(plan.files.size());

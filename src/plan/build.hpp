@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
@@ -45,6 +46,8 @@ struct OutputGroup {
   std::string file_stem;  // "model" -> model.safetensors / model-0000i-of-0000N.safetensors
   std::string subdir;     // "" or "lora_adapter"
   bool shard = true;      // split at max_shard_size and write an index
+  // safetensors __metadata__: save_pretrained's for a model; none for verl's adapter_model.safetensors
+  std::map<std::string, std::string> metadata = {{"format", "pt"}};
   std::vector<PlannedTensor> tensors;
 };
 

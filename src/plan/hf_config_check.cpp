@@ -1,7 +1,6 @@
 #include "plan/hf_config_check.hpp"
 
 #include <optional>
-#include <regex>
 
 #include "shardmerge/error.hpp"
 
@@ -35,26 +34,30 @@ void check_config_matches_weights(const nlohmann::ordered_json& config, const st
                                   const std::vector<NamedShape>& tensors, const std::string& weights) {
   auto require = [&](const char* field, std::optional<int64_t> stated, int64_t implied, const std::string& evidence) {
     if (stated && *stated != implied)
-      throw Error(std::string(field) + "=" + std::to_string(*stated) + " disagrees with the weights in " + weights +
-                        ": " + evidence + " means " + field + "=" + std::to_string(implied) +
-                        "; --hf_model_path must be the config of the model that was trained")
+      throw Error(std::string(field) + "=" + std::to_string(*stated) + " disagrees with the weights in " + weights + ": " +
+                  evidence + " means " + field + "=" + std::to_string(implied) +
+                  "; --hf_model_path must be the config of the model that was trained")
           .file(config_path);
   };
   auto tensor_text = [](const NamedShape& t) { return "'" + t.first + "' " + shape_text(*t.second); };
 
+  // The decoder's tensors share the embedding's prefix ("model.", "model.language_model."): a vision
+  // tower's own "layers.N" (multimodal models) are not the decoder's.
+  std::string decoder = "model.";
   if (const NamedShape* embed = find_2d(tensors, "embed_tokens.weight")) {
     require("vocab_size", config_int(config, "vocab_size"), (*embed->second)[0], tensor_text(*embed));
     require("hidden_size", config_int(config, "hidden_size"), (*embed->second)[1], tensor_text(*embed));
+    decoder = embed->first.substr(0, embed->first.size() - std::string("embed_tokens.weight").size());
   }
+  const std::string layers_prefix = decoder + "layers.";
 
-  static const std::regex layer_index(R"((?:^|\.)layers\.(\d+)\.)");
   int64_t layers = 0;
   std::string last_layer_tensor;
   for (const NamedShape& t : tensors) {
-    std::smatch m;
-    if (!std::regex_search(t.first, m, layer_index)) continue;
-    const std::string digits = m[1].str();
-    if (digits.size() > 9) continue;  // not a layer index anyone trains
+    if (t.first.rfind(layers_prefix, 0) != 0) continue;
+    const size_t digits_end = t.first.find('.', layers_prefix.size());
+    const std::string digits = t.first.substr(layers_prefix.size(), digits_end - layers_prefix.size());
+    if (digits.empty() || digits.size() > 9 || digits.find_first_not_of("0123456789") != std::string::npos) continue;
     const int64_t count = std::stoll(digits) + 1;
     if (count > layers) {
       layers = count;
@@ -73,13 +76,13 @@ void check_config_matches_weights(const nlohmann::ordered_json& config, const st
   if (!head_dim || *head_dim <= 0) return;
   // A projection's rows are (its head count) x head_dim.
   auto check_heads = [&](const char* field, const std::string& suffix) {
-    const NamedShape* proj = find_2d(tensors, suffix);
+    const NamedShape* proj = find_2d(tensors, layers_prefix + "0." + suffix);
     const auto stated = config_int(config, field);
     if (!proj || !stated) return;
     const int64_t rows = (*proj->second)[0];
     if (rows % *head_dim != 0)
-      throw Error("head_dim " + std::to_string(*head_dim) + " does not divide the rows of " + tensor_text(*proj) +
-                        " in " + weights + "; --hf_model_path must be the config of the model that was trained")
+      throw Error("head_dim " + std::to_string(*head_dim) + " does not divide the rows of " + tensor_text(*proj) + " in " +
+                  weights + "; --hf_model_path must be the config of the model that was trained")
           .file(config_path);
     require(field, stated, rows / *head_dim, tensor_text(*proj) + " with head_dim " + std::to_string(*head_dim));
   };

@@ -200,6 +200,7 @@ ModelGroups make_model_groups(const ModelGroupsInput& in) {
     adapter.file_stem = "adapter_model";
     adapter.subdir = dir;
     adapter.shard = false;
+    adapter.metadata = {};  // verl saves the adapter with safetensors' save_file, without metadata
     std::set<std::string> targets;
     for (const LoraModule& m : split.lora) {
       const std::string prefix = "base_model.model." + m.module;

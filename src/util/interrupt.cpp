@@ -42,13 +42,15 @@ sigset_t handled_signals() {
   return set;
 }
 
-void remove_entry(const Entry& e) {
+// Whether something was there to remove.
+bool remove_entry(const Entry& e) {
   std::error_code ec;
   switch (e.how) {
-    case Removal::Tree: std::filesystem::remove_all(e.path, ec); break;
-    case Removal::File: ::unlink(e.path.c_str()); break;
-    case Removal::EmptyDir: ::rmdir(e.path.c_str()); break;
+    case Removal::Tree: return std::filesystem::remove_all(e.path, ec) > 0;
+    case Removal::File: return ::unlink(e.path.c_str()) == 0;
+    case Removal::EmptyDir: return ::rmdir(e.path.c_str()) == 0;
   }
+  return false;
 }
 
 [[noreturn]] void wait_for_signal() {
@@ -61,8 +63,7 @@ void remove_entry(const Entry& e) {
   r.mutex.lock();
   std::string removed;
   for (auto it = r.entries.rbegin(); it != r.entries.rend(); ++it) {
-    remove_entry(*it);
-    if (it->how == Removal::Tree) removed += (removed.empty() ? "" : ", ") + it->path;
+    if (remove_entry(*it) && it->how == Removal::Tree) removed += (removed.empty() ? "" : ", ") + it->path;
   }
   const char* name = sigabbrev_np(sig);
   const std::string line = "\nshardmerge: interrupted by " + (name ? "SIG" + std::string(name) : "a signal") +

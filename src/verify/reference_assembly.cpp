@@ -41,7 +41,8 @@ std::vector<std::vector<int64_t>> dtensor_indices(const DTensorValue& d, const s
     const Placement& p = d.placements[m];
     if (p.kind == PlacementKind::Partial) throw Error("placement " + p.to_string() + " holds unreduced partial sums");
     if (p.kind == PlacementKind::Replicate) continue;
-    if (p.dim < 0 || static_cast<size_t>(p.dim) >= ndim) throw Error("placement " + p.to_string() + " names a missing dim");
+    if (p.dim < 0 || static_cast<size_t>(p.dim) >= ndim)
+      throw Error("placement " + p.to_string() + " names a missing dim");
     mesh_dims_of[static_cast<size_t>(p.dim)].push_back(static_cast<int64_t>(m));
   }
   for (const auto& [dim, order] : d.shard_order)
@@ -90,9 +91,10 @@ ReferencePiece torch_piece(uint32_t file, const ZipEntry& record, const TensorVi
                 std::to_string(global_index.size()));
   for (size_t d = 0; d < view.size.size(); ++d)
     if (static_cast<int64_t>(global_index[d].size()) != view.size[d])
-      throw Error("local size " + std::to_string(view.size[d]) + " on dim " + std::to_string(d) + " but its metadata places " +
-                  std::to_string(global_index[d].size()) + " elements");
-  return {file, record.data_offset, view.storage_offset, view.stride, std::move(global_index), std::move(holder), record};
+      throw Error("local size " + std::to_string(view.size[d]) + " on dim " + std::to_string(d) +
+                  " but its metadata places " + std::to_string(global_index[d].size()) + " elements");
+  return {file,  record.data_offset, view.storage_offset, view.stride, std::move(global_index), std::move(holder),
+          record};
 }
 
 std::vector<int64_t> index_range(int64_t first, int64_t n) {
@@ -114,7 +116,8 @@ void add_unless_replica(ReferenceTensor& t, ReferencePiece p) {
 
 std::string ReferenceSources::route() const {
   std::string s;
-  for (const auto& [kind, n] : kinds) s += (s.empty() ? "" : ", ") + kind + " (" + std::to_string(n) + " source tensors)";
+  for (const auto& [kind, n] : kinds)
+    s += (s.empty() ? "" : ", ") + kind + " (" + std::to_string(n) + " source tensors)";
   return s;
 }
 
@@ -137,16 +140,18 @@ ReferenceSources reference_from_fsdp(const layouts::FsdpRole& role) {
           throw Error("rank files disagree on its dtype or global shape");
         std::string kind;
         if (const auto* v = std::get_if<TensorView>(&e.value)) {
-          add_unless_replica(t, torch_piece(fi, file.storage_record(*v), *v, box_indices(std::vector<int64_t>(v->size.size(), 0), v->size), holder));
+          add_unless_replica(t, torch_piece(fi, file.storage_record(*v), *v,
+                                            box_indices(std::vector<int64_t>(v->size.size(), 0), v->size), holder));
           kind = "plain tensors";
         } else if (const auto* d = std::get_if<DTensorValue>(&e.value)) {
-          add_unless_replica(t, torch_piece(fi, file.storage_record(d->local), d->local,
-                                         dtensor_indices(*d, mesh_coordinate(d->mesh, static_cast<int64_t>(rank))), holder));
+          add_unless_replica(
+              t, torch_piece(fi, file.storage_record(d->local), d->local,
+                             dtensor_indices(*d, mesh_coordinate(d->mesh, static_cast<int64_t>(rank))), holder));
           kind = "DTensor placements";
         } else {
           for (const auto& local : std::get<ShardedTensorValue>(e.value).local_shards)
             add_unless_replica(t, torch_piece(fi, file.storage_record(local.view), local.view,
-                                           box_indices(local.offsets, local.view.size), holder));
+                                              box_indices(local.offsets, local.view.size), holder));
           kind = "ShardedTensor offsets";
         }
         if (fresh) ++out.kinds["the rank files' " + kind];
@@ -164,7 +169,8 @@ ReferenceSources reference_from_dcp(const std::string& dir, const std::string& s
   std::unordered_map<std::string, uint32_t> file_index;
   for (const DcpTensor& t : meta.tensors) {
     if (layouts::is_training_state(t.fqn)) continue;
-    if (meta.reformulated_shapes.count(t.fqn)) throw Error("is stored N-D flattened, not as a model weight").tensor(t.fqn).file(dir);
+    if (meta.reformulated_shapes.count(t.fqn))
+      throw Error("is stored N-D flattened, not as a model weight").tensor(t.fqn).file(dir);
     ReferenceTensor r{t.fqn, t.dtype, t.size, {}};
     for (const DcpChunk& c : t.chunks) {
       const DcpChunkData data = locate_dcp_chunk(meta, t, c, scratch_dir);
@@ -172,7 +178,7 @@ ReferenceSources reference_from_dcp(const std::string& dir, const std::string& s
       if (fresh) out.files.push_back(data.path);
       try {
         r.pieces.push_back(torch_piece(it->second, data.record, data.view, box_indices(c.offsets, c.sizes),
-                                    "chunk at " + shape_string(c.offsets) + " of " + c.relative_path));
+                                       "chunk at " + shape_string(c.offsets) + " of " + c.relative_path));
       } catch (Error& err) {
         throw err.tensor(t.fqn).file(data.path);
       }
@@ -192,8 +198,8 @@ void add_safetensors_reference(ReferenceSources& into, const std::vector<std::st
       ReferenceTensor t{st.name, st.dtype, st.shape, {}};
       std::vector<int64_t> stride(st.shape.size(), 1);
       for (size_t d = st.shape.size(); d-- > 1;) stride[d - 1] = stride[d] * st.shape[d];
-      t.pieces.push_back(
-          {fi, st.file_offset, 0, stride, box_indices(std::vector<int64_t>(st.shape.size(), 0), st.shape), path, std::nullopt});
+      t.pieces.push_back({fi, st.file_offset, 0, stride,
+                          box_indices(std::vector<int64_t>(st.shape.size(), 0), st.shape), path, std::nullopt});
       into.tensors.push_back(std::move(t));
       ++into.kinds[kind];
     }
@@ -232,7 +238,7 @@ uint64_t check_record_crcs(const ReferenceSources& sources) {
 namespace {
 // Read windows of all pieces of one tensor together stay within this (W = 64 ranks: 128 KiB each).
 constexpr uint64_t kWindowBudget = 8u << 20;
-}
+}  // namespace
 
 int64_t ElementFetcher::DimMap::local(int64_t global) const {
   if (table.empty()) return global >= begin && global < begin + size ? global - begin : -1;
@@ -243,7 +249,8 @@ ElementFetcher::ElementFetcher(const ReferenceSources& sources, const ReferenceT
     : tensor_(tensor),
       windows_(tensor.pieces.size()),
       element_size_(dtype_size(tensor.dtype)),
-      window_bytes_(std::clamp<uint64_t>(kWindowBudget / std::max<size_t>(tensor.pieces.size(), 1), 64u << 10, 1u << 20)) {
+      window_bytes_(
+          std::clamp<uint64_t>(kWindowBudget / std::max<size_t>(tensor.pieces.size(), 1), 64u << 10, 1u << 20)) {
   std::unordered_map<uint32_t, std::shared_ptr<File>> open;
   for (const ReferencePiece& p : tensor.pieces) {
     auto& f = open[p.file];
@@ -265,8 +272,10 @@ ElementFetcher::ElementFetcher(const ReferenceSources& sources, const ReferenceT
       m.table.assign(static_cast<size_t>(tensor.shape[d]), -1);
       for (size_t i = 0; i < held.size(); ++i) {
         int32_t& slot = m.table[static_cast<size_t>(held[i])];
-        if (slot >= 0) throw Error(p.holder + " holds global index " + std::to_string(held[i]) + " of dim " +
-                                   std::to_string(d) + " twice").tensor(tensor.name);
+        if (slot >= 0)
+          throw Error(p.holder + " holds global index " + std::to_string(held[i]) + " of dim " + std::to_string(d) +
+                      " twice")
+              .tensor(tensor.name);
         slot = static_cast<int32_t>(i);
       }
     }
@@ -281,7 +290,9 @@ const uint8_t* ElementFetcher::bytes_at(size_t piece, uint64_t offset) {
     w.begin = offset / window_bytes_ * window_bytes_;
     const uint64_t size = f.size();
     if (offset + element_size_ > size)
-      throw Error(tensor_.pieces[piece].holder + ": element lies past the end of the file").file(f.path()).tensor(tensor_.name);
+      throw Error(tensor_.pieces[piece].holder + ": element lies past the end of the file")
+          .file(f.path())
+          .tensor(tensor_.name);
     w.bytes.resize(static_cast<size_t>(std::min<uint64_t>(window_bytes_ + element_size_, size - w.begin)));
     f.read_exact(w.begin, w.bytes.data(), w.bytes.size());
   }
@@ -291,7 +302,23 @@ const uint8_t* ElementFetcher::bytes_at(size_t piece, uint64_t offset) {
 void ElementFetcher::copy_element(size_t piece, int64_t element, uint8_t* out) {
   const ReferencePiece& p = tensor_.pieces[piece];
   if (element < 0) throw Error(p.holder + ": negative storage offset").tensor(tensor_.name);
-  std::copy_n(bytes_at(piece, p.storage_offset_in_file + static_cast<uint64_t>(element) * element_size_), element_size_, out);
+  std::copy_n(bytes_at(piece, p.storage_offset_in_file + static_cast<uint64_t>(element) * element_size_), element_size_,
+              out);
+}
+
+void ElementFetcher::copy_elements(size_t piece, int64_t element, int64_t n, uint8_t* out) {
+  const ReferencePiece& p = tensor_.pieces[piece];
+  if (element < 0) throw Error(p.holder + ": negative storage offset").tensor(tensor_.name);
+  uint64_t offset = p.storage_offset_in_file + static_cast<uint64_t>(element) * element_size_;
+  for (uint64_t left = static_cast<uint64_t>(n) * element_size_; left > 0;) {
+    const uint8_t* at = bytes_at(piece, offset);
+    const Window& w = windows_[piece];
+    const uint64_t take = std::min<uint64_t>(left, w.begin + w.bytes.size() - offset);
+    std::copy_n(at, take, out);
+    out += take;
+    offset += take;
+    left -= take;
+  }
 }
 
 int ElementFetcher::fetch(const int64_t* index, uint8_t* out) {
@@ -326,16 +353,36 @@ uint64_t ElementFetcher::fetch_run(const int64_t* index, int64_t count, uint8_t*
     }
     if (held) candidates_.push_back({p, element});
   }
-  uint64_t not_once = 0;
-  for (int64_t j = 0; j < count; ++j) {
-    int holders = 0;
-    for (const auto& [p, row] : candidates_) {
-      const int64_t local = dims_[p][ndim - 1].local(index[ndim - 1] + j);
-      if (local >= 0 && ++holders == 1)
-        copy_element(p, row + local * tensor_.pieces[p].stride[ndim - 1], out + static_cast<size_t>(j) * element_size_);
+  // Holders per element of the run; the first holder's bytes are the element.
+  holders_.assign(static_cast<size_t>(count), 0);
+  const int64_t first = index[ndim - 1];
+  for (const auto& [p, row] : candidates_) {
+    const DimMap& m = dims_[p][ndim - 1];
+    const int64_t stride = tensor_.pieces[p].stride[ndim - 1];
+    if (m.table.empty()) {  // a range of the last dim: copy the overlap as one stretch when dense
+      const int64_t lo = std::max(first, m.begin), hi = std::min(first + count, m.begin + m.size);
+      if (lo >= hi) continue;
+      uint16_t* h = holders_.data() + (lo - first);
+      const bool untouched = std::all_of(h, h + (hi - lo), [](uint16_t n) { return n == 0; });
+      if (untouched && stride == 1) {
+        copy_elements(p, row + (lo - m.begin), hi - lo, out + static_cast<size_t>(lo - first) * element_size_);
+      } else {
+        for (int64_t g = lo; g < hi; ++g)
+          if (holders_[static_cast<size_t>(g - first)] == 0)
+            copy_element(p, row + (g - m.begin) * stride, out + static_cast<size_t>(g - first) * element_size_);
+      }
+      for (int64_t j = 0; j < hi - lo; ++j) ++h[j];
+      continue;
     }
-    if (holders != 1) ++not_once;
+    for (int64_t j = 0; j < count; ++j) {
+      const int64_t local = m.local(first + j);
+      if (local < 0) continue;
+      if (holders_[static_cast<size_t>(j)]++ == 0)
+        copy_element(p, row + local * stride, out + static_cast<size_t>(j) * element_size_);
+    }
   }
+  uint64_t not_once = 0;
+  for (const uint16_t n : holders_) not_once += n != 1;
   return not_once;
 }
 

@@ -7,8 +7,8 @@
 
 #include <cstdint>
 #include <map>
-#include <nlohmann/json.hpp>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <vector>
@@ -30,7 +30,7 @@ struct ReferencePiece {
   int64_t storage_offset = 0;
   std::vector<int64_t> stride;
   std::vector<std::vector<int64_t>> global_index;
-  std::string holder;  // for messages: "rank 3", "chunk at [0, 64]"
+  std::string holder;              // for messages: "rank 3", "chunk at [0, 64]"
   std::optional<ZipEntry> record;  // the zip record of a torch.save storage (CRC-checked); none in safetensors
 };
 
@@ -45,7 +45,7 @@ struct ReferenceSources {
   std::vector<std::string> files;
   std::vector<ReferenceTensor> tensors;  // in checkpoint order
   std::map<std::string, size_t> kinds;   // what the metadata was, e.g. "DTensor placements" -> tensors
-  std::string route() const;             // "the rank files' DTensor placements (12 tensors), ..."
+  std::string route() const;             // "the rank files' DTensor placements (12 source tensors), ..."
 };
 
 // verl FSDP rank files. Replicas (HSDP, Replicate mesh dims, plain tensors on every rank) are
@@ -57,7 +57,8 @@ ReferenceSources reference_from_dcp(const std::string& dist_ckpt_dir, const std:
 // Legacy Megatron per-rank files (model/mp_rank_<tp>[_<pp>][_<ep>]/model.pt), TP/PP/VPP/EP
 // reassembled by the rules of the legacy merger (research notes, verl-megatron §5.3/§5.4) into
 // per-layer Megatron names; `config` is the HF config.json (expert counts). verify/reference_legacy.cpp.
-ReferenceSources reference_from_megatron_legacy(const layouts::MegatronRole& role, const nlohmann::ordered_json& config);
+ReferenceSources reference_from_megatron_legacy(const layouts::MegatronRole& role,
+                                                const nlohmann::ordered_json& config);
 // Whole tensors of safetensors files (HF weights, PEFT adapters); appended to `into`.
 void add_safetensors_reference(ReferenceSources& into, const std::vector<std::string>& paths, const std::string& kind);
 
@@ -97,12 +98,14 @@ class ElementFetcher {
   };
   const uint8_t* bytes_at(size_t piece, uint64_t offset);
   void copy_element(size_t piece, int64_t element, uint8_t* out);
+  void copy_elements(size_t piece, int64_t element, int64_t n, uint8_t* out);  // dense in storage
 
   const ReferenceTensor& tensor_;
-  std::vector<std::shared_ptr<File>> files_;  // per piece
-  std::vector<std::vector<DimMap>> dims_;     // per piece, per dim
-  std::vector<Window> windows_;               // per piece
+  std::vector<std::shared_ptr<File>> files_;            // per piece
+  std::vector<std::vector<DimMap>> dims_;               // per piece, per dim
+  std::vector<Window> windows_;                         // per piece
   std::vector<std::pair<size_t, int64_t>> candidates_;  // fetch_run: pieces holding the row, row start
+  std::vector<uint16_t> holders_;                       // fetch_run: holders per element
   size_t element_size_;
   uint64_t window_bytes_;
 };

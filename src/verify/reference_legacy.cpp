@@ -52,7 +52,8 @@ struct Held {
 
 }  // namespace
 
-ReferenceSources reference_from_megatron_legacy(const layouts::MegatronRole& role, const nlohmann::ordered_json& config) {
+ReferenceSources reference_from_megatron_legacy(const layouts::MegatronRole& role,
+                                                const nlohmann::ordered_json& config) {
   ReferenceSources out;
   std::vector<RankFile> ranks;
   bool three_part = false;
@@ -67,7 +68,8 @@ ReferenceSources reference_from_megatron_legacy(const layouts::MegatronRole& rol
   }
   auto holds = [](const TorchFile& f, const std::string& suffix) {
     return std::any_of(f.entries().begin(), f.entries().end(), [&](const StateEntry& e) {
-      return e.name.size() >= suffix.size() && e.name.compare(e.name.size() - suffix.size(), suffix.size(), suffix) == 0;
+      return e.name.size() >= suffix.size() &&
+             e.name.compare(e.name.size() - suffix.size(), suffix.size(), suffix) == 0;
     });
   };
   // mp_rank_<tp>_<x>: x is the EP rank when every file has both ends of the model (one stage).
@@ -94,7 +96,8 @@ ReferenceSources reference_from_megatron_legacy(const layouts::MegatronRole& rol
     for (const StateEntry& e : r.torch.entries()) {
       const auto [chunk, key] = chunk_and_key(e.name);
       if (key.rfind("decoder.layers.", 0) != 0) continue;
-      if (auto l = split_index(key.substr(15))) layers_in[{chunk, r.pp}] = std::max(layers_in[{chunk, r.pp}], l->first + 1);
+      if (auto l = split_index(key.substr(15)))
+        layers_in[{chunk, r.pp}] = std::max(layers_in[{chunk, r.pp}], l->first + 1);
     }
   }
   std::map<std::pair<int64_t, int64_t>, int64_t> first_layer;
@@ -130,7 +133,8 @@ ReferenceSources reference_from_megatron_legacy(const layouts::MegatronRole& rol
             }
           }
           if (rest.find('*') != std::string::npos) {
-            if (!local_expert || experts <= 0 || ep <= 0) throw Error("verify: cannot number this expert").tensor(e.name);
+            if (!local_expert || experts <= 0 || ep <= 0)
+              throw Error("verify: cannot number this expert").tensor(e.name);
             rest.replace(rest.find('*'), 1, std::to_string(r.ep * (experts / ep) + *local_expert));
           }
           auto base = first_layer.find({chunk, r.pp});
@@ -152,12 +156,15 @@ ReferenceSources reference_from_megatron_legacy(const layouts::MegatronRole& rol
     const bool fc1 = contains(name, "linear_fc1.weight");
     const bool row_parallel = contains(name, "self_attention.linear_proj.") || contains(name, "linear_fc2.");
     const bool expert_tp1 = expert && !size.empty() && (fc1 ? size[0] == 2 * moe_ffn : size.back() == moe_ffn);
-    const bool replicated = tp == 1 || contains(name, "_norm") || contains(name, "layernorm") || contains(name, "router") ||
-                            contains(name, "gate_weight") || expert_tp1 || (row_parallel && contains(name, ".bias")) ||
+    const bool replicated = tp == 1 || contains(name, "_norm") || contains(name, "layernorm") ||
+                            contains(name, "router") || contains(name, "gate_weight") || expert_tp1 ||
+                            (row_parallel && contains(name, ".bias")) ||
                             (name.rfind("output_layer", 0) == 0 && !size.empty() && size[0] == 1);
-    if (replicated) shards.resize(1);
+    if (replicated)
+      shards.resize(1);
     else if (static_cast<int64_t>(shards.size()) != tp)
-      throw Error("verify: held by " + std::to_string(shards.size()) + " of " + std::to_string(tp) + " TP ranks").tensor(name);
+      throw Error("verify: held by " + std::to_string(shards.size()) + " of " + std::to_string(tp) + " TP ranks")
+          .tensor(name);
     const size_t dim = row_parallel && !replicated ? 1 : 0;
     if (size.size() <= dim) throw Error("verify: too few dims to concatenate TP shards").tensor(name);
     ReferenceTensor t{name, shards.front().view->dtype, size, {}};

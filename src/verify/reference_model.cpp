@@ -82,8 +82,10 @@ class MegatronMapper {
       if (m.shape.size() == 2 && m.shape[0] > vocab_) m.shape[0] = vocab_;  // padded vocab rows are dropped
       model_.weights[hf] = m;
     };
-    if (t.name == "embedding.word_embeddings.weight") trimmed("model.embed_tokens.weight");
-    else if (t.name == "decoder.final_layernorm.weight") model_.weights["model.norm.weight"] = whole(t);
+    if (t.name == "embedding.word_embeddings.weight")
+      trimmed("model.embed_tokens.weight");
+    else if (t.name == "decoder.final_layernorm.weight")
+      model_.weights["model.norm.weight"] = whole(t);
     // The output layer is lm_head, or a value model's [1, H] head, whichever the plan writes.
     else if (t.name == "output_layer.weight") {
       trimmed("lm_head.weight");
@@ -92,7 +94,8 @@ class MegatronMapper {
   }
 
   void layer_key(const ReferenceTensor& t, std::vector<int64_t> lead, int64_t layer, const std::string& rest) {
-    const std::string grouped = "mlp.experts.experts.", sequential = "mlp.experts.local_experts.", plain = "mlp.experts.";
+    const std::string grouped = "mlp.experts.experts.", sequential = "mlp.experts.local_experts.",
+                      plain = "mlp.experts.";
     if (rest.rfind(grouped, 0) == 0) {  // grouped GEMM: one more leading [E] index
       const size_t e_dim = lead.size();
       for (int64_t e = 0; e < (t.shape.size() > e_dim ? t.shape[e_dim] : 0); ++e) {
@@ -106,12 +109,14 @@ class MegatronMapper {
       if (rest.rfind(p, 0) != 0) continue;
       const std::string tail = rest.substr(p.size());
       const std::string id = tail.substr(0, tail.find('.'));
-      if (const auto e = parse_index(id); e && id.size() < tail.size()) return add(t, lead, layer, *e, "mlp.experts.*." + tail.substr(id.size() + 1));
+      if (const auto e = parse_index(id); e && id.size() < tail.size())
+        return add(t, lead, layer, *e, "mlp.experts.*." + tail.substr(id.size() + 1));
     }
     add(t, lead, layer, -1, rest);
   }
 
-  void add(const ReferenceTensor& t, const std::vector<int64_t>& lead, int64_t layer, int64_t expert, const std::string& rest) {
+  void add(const ReferenceTensor& t, const std::vector<int64_t>& lead, int64_t layer, int64_t expert,
+           const std::string& rest) {
     const std::string in = ".adapter.linear_in.weight", out = ".adapter.linear_out.weight";
     const bool is_a = ends_with(rest, in), is_b = ends_with(rest, out);
     const std::string weight = is_a || is_b ? rest.substr(0, rest.size() - (is_a ? in : out).size()) + ".weight" : rest;
@@ -121,13 +126,17 @@ class MegatronMapper {
     if (!rule) return;  // no HF tensor comes from it; an output tensor without a source is reported
     std::string hf = "model.layers." + std::to_string(layer) + "." + rule->hf;
     if (expert >= 0) hf = replace_once(hf, "*", std::to_string(expert));
-    SourceMap m{&t, lead, {}, std::vector<int64_t>(t.shape.begin() + static_cast<std::ptrdiff_t>(lead.size()), t.shape.end())};
+    SourceMap m{
+        &t, lead, {}, std::vector<int64_t>(t.shape.begin() + static_cast<std::ptrdiff_t>(lead.size()), t.shape.end())};
     for (auto& [part, map] : split(*rule, m)) {
       const std::string name = part.empty() ? hf : replace_once(hf, "{}", part);
       const std::string module = name.substr(0, name.size() - std::string(".weight").size());
-      if (is_a) model_.lora[module].a = m;  // A is shared by the parts of a fused weight
-      else if (is_b) model_.lora[module].b = map;
-      else model_.weights[name] = map;
+      if (is_a)
+        model_.lora[module].a = m;  // A is shared by the parts of a fused weight
+      else if (is_b)
+        model_.lora[module].b = map;
+      else
+        model_.weights[name] = map;
     }
   }
 
@@ -141,7 +150,8 @@ class MegatronMapper {
     if (rule.split == MegatronNameRule::Split::None) return {{"", m}};
     if (rule.split == MegatronNameRule::Split::GateUp) {
       const int64_t half = m.shape.at(0) / 2;
-      return {{"gate", rows(half, [](int64_t r) { return r; })}, {"up", rows(half, [half](int64_t r) { return half + r; })}};
+      return {{"gate", rows(half, [](int64_t r) { return r; })},
+              {"up", rows(half, [half](int64_t r) { return half + r; })}};
     }
     const int64_t q_per_kv = heads_ / kv_heads_, hd = head_dim_;
     const int64_t q_rows = q_per_kv * hd, group = (q_per_kv + 2) * hd;

@@ -28,9 +28,18 @@ namespace {
 
 bool decodes_to_float(DType t) {
   switch (t) {
-    case DType::F16: case DType::BF16: case DType::F32: case DType::F64: case DType::F8_E4M3: case DType::F8_E5M2:
-    case DType::F8_E8M0: case DType::F8_E4M3FNUZ: case DType::F8_E5M2FNUZ: return true;
-    default: return false;
+    case DType::F16:
+    case DType::BF16:
+    case DType::F32:
+    case DType::F64:
+    case DType::F8_E4M3:
+    case DType::F8_E5M2:
+    case DType::F8_E8M0:
+    case DType::F8_E4M3FNUZ:
+    case DType::F8_E5M2FNUZ:
+      return true;
+    default:
+      return false;
   }
 }
 
@@ -38,16 +47,34 @@ bool decodes_to_float(DType t) {
 float to_f32(const uint8_t* p, DType t) {
   uint16_t h;
   switch (t) {
-    case DType::F32: { float f; std::memcpy(&f, p, 4); return f; }
-    case DType::F64: { double d; std::memcpy(&d, p, 8); return static_cast<float>(d); }
-    case DType::BF16: std::memcpy(&h, p, 2); return convert::bf16_to_f32(h);
-    case DType::F16: std::memcpy(&h, p, 2); return convert::f16_to_f32(h);
-    case DType::F8_E4M3: return convert::f8e4m3fn_to_f32(*p);
-    case DType::F8_E5M2: return convert::f8e5m2_to_f32(*p);
-    case DType::F8_E8M0: return convert::f8e8m0_to_f32(*p);
-    case DType::F8_E4M3FNUZ: return convert::f8e4m3fnuz_to_f32(*p);
-    case DType::F8_E5M2FNUZ: return convert::f8e5m2fnuz_to_f32(*p);
-    default: throw Error("verify: " + std::string(dtype_name(t)) + " is not a floating-point type");
+    case DType::F32: {
+      float f;
+      std::memcpy(&f, p, 4);
+      return f;
+    }
+    case DType::F64: {
+      double d;
+      std::memcpy(&d, p, 8);
+      return static_cast<float>(d);
+    }
+    case DType::BF16:
+      std::memcpy(&h, p, 2);
+      return convert::bf16_to_f32(h);
+    case DType::F16:
+      std::memcpy(&h, p, 2);
+      return convert::f16_to_f32(h);
+    case DType::F8_E4M3:
+      return convert::f8e4m3fn_to_f32(*p);
+    case DType::F8_E5M2:
+      return convert::f8e5m2_to_f32(*p);
+    case DType::F8_E8M0:
+      return convert::f8e8m0_to_f32(*p);
+    case DType::F8_E4M3FNUZ:
+      return convert::f8e4m3fnuz_to_f32(*p);
+    case DType::F8_E5M2FNUZ:
+      return convert::f8e5m2fnuz_to_f32(*p);
+    default:
+      throw Error("verify: " + std::string(dtype_name(t)) + " is not a floating-point type");
   }
 }
 
@@ -61,11 +88,24 @@ double to_f64(const uint8_t* p, DType t) {
 void from_f32(float f, uint8_t* out, DType t) {
   uint16_t h;
   switch (t) {
-    case DType::F32: std::memcpy(out, &f, 4); return;
-    case DType::F64: { const double d = f; std::memcpy(out, &d, 8); return; }
-    case DType::BF16: h = convert::f32_to_bf16(f); std::memcpy(out, &h, 2); return;
-    case DType::F16: h = convert::f32_to_f16(f); std::memcpy(out, &h, 2); return;
-    default: throw Error("verify: cannot write " + std::string(dtype_name(t)));
+    case DType::F32:
+      std::memcpy(out, &f, 4);
+      return;
+    case DType::F64: {
+      const double d = f;
+      std::memcpy(out, &d, 8);
+      return;
+    }
+    case DType::BF16:
+      h = convert::f32_to_bf16(f);
+      std::memcpy(out, &h, 2);
+      return;
+    case DType::F16:
+      h = convert::f32_to_f16(f);
+      std::memcpy(out, &h, 2);
+      return;
+    default:
+      throw Error("verify: cannot write " + std::string(dtype_name(t)));
   }
 }
 
@@ -74,15 +114,19 @@ void cast_element(const uint8_t* in, DType from, uint8_t* out, DType to) {
     std::memcpy(out, in, dtype_size(to));
     return;
   }
-  if (!decodes_to_float(from)) throw Error("verify: no cast from " + std::string(dtype_name(from)) + " to " + std::string(dtype_name(to)));
+  if (!decodes_to_float(from))
+    throw Error("verify: no cast from " + std::string(dtype_name(from)) + " to " + std::string(dtype_name(to)));
   from_f32(to_f32(in, from), out, to);
 }
 
 // The distance from `x` to the next value of `t` away from zero: one ulp of the output.
 double ulp_at(double x, DType t) {
+  const double m = std::fabs(x);
+  if (t == DType::F64) return std::nextafter(m, INFINITY) - m;
+  const auto f = static_cast<float>(m);
+  if (t == DType::F32) return static_cast<double>(std::nextafter(f, INFINITY)) - f;
   uint8_t a[8], b[8];
-  from_f32(static_cast<float>(std::fabs(x)), a, t);
-  if (t == DType::F32 || t == DType::F64) return std::fabs(std::nextafter(std::fabs(x), INFINITY) - std::fabs(x));
+  from_f32(f, a, t);
   uint16_t h;
   std::memcpy(&h, a, 2);
   ++h;
@@ -110,12 +154,12 @@ class SourceWalk {
     const size_t k = map_.lead.size(), n = out_.size();
     for (size_t d = 0; d < n; ++d) src_[k + d] = d == 0 && map_.row ? map_.row(out_[0]) : out_[d];
     int64_t run = 1;
-    if (n > 1 || (n == 1 && !map_.row)) run = std::min<int64_t>(static_cast<int64_t>(max), map_.shape[n - 1] - out_[n - 1]);
+    if (n > 1 || (n == 1 && !map_.row))
+      run = std::min<int64_t>(static_cast<int64_t>(max), map_.shape[n - 1] - out_[n - 1]);
     not_once += fetch_.fetch_run(src_.data(), run, out);
     advance(run);
     return static_cast<size_t>(run);
   }
-  const std::vector<int64_t>& index() const { return out_; }
 
  private:
   void advance(int64_t by) {
@@ -184,7 +228,8 @@ class Checker {
 
  private:
   // Each element is the source element cast to the output dtype, bit for bit (NaN equals NaN).
-  TensorDiff compare_copy(const File& file, const SafetensorsTensor& out, const SourceMap& map, uint64_t& not_once) const {
+  TensorDiff compare_copy(const File& file, const SafetensorsTensor& out, const SourceMap& map,
+                          uint64_t& not_once) const {
     SourceWalk walk(model_.sources, map);
     const size_t es = dtype_size(out.dtype), src_es = dtype_size(map.source->dtype);
     const DType from = map.source->dtype;
@@ -198,8 +243,9 @@ class Checker {
       raw.resize(len * src_es);
       file.read_exact(out.file_offset + pos * es, got.data(), got.size());
       for (size_t i = 0; i < len;) i += walk.fetch(len - i, raw.data() + i * src_es, not_once);
-      for (size_t i = 0; i < len; ++i) cast_element(raw.data() + i * src_es, from, want.data() + i * es, out.dtype);
-      total.merge(compare_elements(got.data(), want.data(), out.dtype, len, atol_));
+      if (from != out.dtype)
+        for (size_t i = 0; i < len; ++i) cast_element(raw.data() + i * src_es, from, want.data() + i * es, out.dtype);
+      total.merge(compare_elements(got.data(), from == out.dtype ? raw.data() : want.data(), out.dtype, len, atol_));
     }
     return total;
   }
@@ -214,7 +260,8 @@ class Checker {
     if (it == model_.lora.end() || !it->second.a.source || !it->second.b.source)
       throw Error("verify: the plan folds LoRA into it, but the sources hold no adapter for module '" + module + "'");
     const LoraPair& lora = it->second;
-    if (out.shape.size() != 2 || lora.a.shape.size() != 2 || lora.b.shape.size() != 2 || lora.a.shape[0] != lora.b.shape[1])
+    if (out.shape.size() != 2 || lora.a.shape.size() != 2 || lora.b.shape.size() != 2 ||
+        lora.a.shape[0] != lora.b.shape[1])
       throw Error("verify: LoRA A " + shape_string(lora.a.shape) + " and B " + shape_string(lora.b.shape) +
                   " do not form a rank-r update of this weight");
     const bool transposed = fold.fan_in_fan_out || lora.embedding;  // W is [in, out] ([num, dim])
@@ -224,7 +271,7 @@ class Checker {
                   " do not match the weight's shape " + shape_string(out.shape));
     const std::vector<float> a = materialise(model_.sources, lora.a, not_once);  // [r, in]
     const std::vector<float> b = materialise(model_.sources, lora.b, not_once);  // [out, r]
-    std::vector<float> at(a.size());                                              // A transposed: [in, r]
+    std::vector<float> at(a.size());                                             // A transposed: [in, r]
     for (int64_t k = 0; k < r; ++k)
       for (int64_t x = 0; x < in; ++x) at[static_cast<size_t>(x * r + k)] = a[static_cast<size_t>(k * in + x)];
     SourceWalk walk(model_.sources, map);
@@ -257,8 +304,9 @@ class Checker {
         const double have = to_f64(got.data() + i * es, out.dtype);
         if (std::isnan(want) && std::isnan(have)) continue;
         const double err = std::fabs(have - want);
-        const double allowed = atol_ + ulp_at(want, out.dtype) +
-                               static_cast<double>(r + 2) * std::ldexp(std::fabs(w) + std::fabs(fold.scale) * magnitude, -23);
+        const double allowed =
+            atol_ + ulp_at(want, out.dtype) +
+            static_cast<double>(r + 2) * std::ldexp(std::fabs(w) + std::fabs(fold.scale) * magnitude, -23);
         if (!(err <= allowed)) {
           ++d.mismatched;
           d.max_abs_error = std::max(d.max_abs_error, std::isnan(err) ? INFINITY : err);
@@ -309,8 +357,10 @@ const SourceMap* adapter_source(const ReferenceModel& model, const std::string& 
   std::string n = name;
   const std::string prefix = "base_model.model.";
   if (n.rfind(prefix, 0) == 0) n = n.substr(prefix.size());
-  for (const auto& [suffix, is_a] : {std::pair<std::string, bool>{".lora_A.weight", true}, {".lora_B.weight", false},
-                                     {".lora_embedding_A", true}, {".lora_embedding_B", false}}) {
+  for (const auto& [suffix, is_a] : {std::pair<std::string, bool>{".lora_A.weight", true},
+                                     {".lora_B.weight", false},
+                                     {".lora_embedding_A", true},
+                                     {".lora_embedding_B", false}}) {
     if (n.size() <= suffix.size() || n.compare(n.size() - suffix.size(), suffix.size(), suffix) != 0) continue;
     auto it = model.lora.find(n.substr(0, n.size() - suffix.size()));
     if (it == model.lora.end()) return nullptr;
@@ -368,14 +418,16 @@ ReferenceModel open_reference(const PlannedMerge& pm, std::shared_ptr<ScratchDir
       map_megatron_names(model, planned_config(pm.plan));
     }
   } else {
-    throw Error(std::string("verify: cannot read a ") + layouts::kind_name(layout.kind) + " independently").file(pm.role_dir);
+    throw Error(std::string("verify: cannot read a ") + layouts::kind_name(layout.kind) + " independently")
+        .file(pm.role_dir);
   }
   return model;
 }
 
 // The tensors of the tree under test in `dir`: by the model index there is one (its file
 // names may differ from the plan's), else the files the plan writes there.
-std::map<std::string, OutputTensorRef> tree_tensors(const fs::path& dir, const std::vector<std::string>& planned_files) {
+std::map<std::string, OutputTensorRef> tree_tensors(const fs::path& dir,
+                                                    const std::vector<std::string>& planned_files) {
   std::map<std::string, OutputTensorRef> out;
   if (fs::is_regular_file(dir / "model.safetensors") || fs::is_regular_file(dir / "model.safetensors.index.json")) {
     const HfWeights w = open_hf_weights(dir.string());
@@ -395,12 +447,15 @@ std::map<std::string, OutputTensorRef> tree_tensors(const fs::path& dir, const s
 
 std::string ReferenceCheck::summary() const {
   char count[32];
-  if (elements < 100'000) std::snprintf(count, sizeof count, "%llu", static_cast<unsigned long long>(elements));
-  else std::snprintf(count, sizeof count, "%.1f M", static_cast<double>(elements) / 1e6);
+  if (elements < 100'000)
+    std::snprintf(count, sizeof count, "%llu", static_cast<unsigned long long>(elements));
+  else
+    std::snprintf(count, sizeof count, "%.1f M", static_cast<double>(elements) / 1e6);
   std::string s = "verified " + std::to_string(tensors) + " tensors (" + count + " elements) against " + route +
                   ", independently of the merge plan; every element held by exactly one source piece";
   if (folds)
-    s += "; " + std::to_string(folds) + " LoRA fold(s) recomputed as fp32 W + scale*B*A (plain loop, the planned scale) within 1 "
+    s += "; " + std::to_string(folds) +
+         " LoRA fold(s) recomputed as fp32 W + scale*B*A (plain loop, the planned scale) within 1 "
          "ulp of the output dtype";
   if (records) s += "; zip CRC-32 of the " + std::to_string(records) + " records read checked";
   return s;
@@ -421,7 +476,8 @@ ReferenceCheck verify_against_sources(const PlannedMerge& pm, const std::string&
   std::vector<Job> jobs;
   for (const auto& [dir, files] : files_by_dir) {
     const std::string shown = dir.empty() ? "" : dir + "/";
-    const std::map<std::string, OutputTensorRef>& tree = trees.emplace_back(tree_tensors(fs::path(hf_dir) / dir, files));
+    const std::map<std::string, OutputTensorRef>& tree =
+        trees.emplace_back(tree_tensors(fs::path(hf_dir) / dir, files));
     std::set<std::string> planned;
     for (const OutputTensor& t : pm.plan.tensors) {
       if (fs::path(pm.plan.files[t.file].name).parent_path().string() != dir) continue;
@@ -441,8 +497,8 @@ ReferenceCheck verify_against_sources(const PlannedMerge& pm, const std::string&
       else if (!map)
         result.diff.mismatched_meta.push_back(label + ": no tensor of the checkpoint is named so");
       else if (have.shape != map->shape)
-        result.diff.mismatched_meta.push_back(label + ": the tree has " + shape_string(have.shape) + ", the sources give " +
-                                              shape_string(map->shape));
+        result.diff.mismatched_meta.push_back(label + ": the tree has " + shape_string(have.shape) +
+                                              ", the sources give " + shape_string(map->shape));
       else
         jobs.push_back({label, &it->second, map, &t});
     }

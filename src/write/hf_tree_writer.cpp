@@ -87,6 +87,7 @@ HfTreeWriter::~HfTreeWriter() {
   files_.clear();
   std::error_code ec;
   if (created_ && !committed_) fs::remove_all(temp_, ec);
+  temp_cleanup_ = {};
   lock_.release();
   if (!committed_)
     for (auto it = created_parents_.rbegin(); it != created_parents_.rend(); ++it) ::rmdir(it->c_str());
@@ -134,9 +135,14 @@ void HfTreeWriter::create_parents() {
     if (p == p.root_path()) break;
   }
   for (auto it = missing.rbegin(); it != missing.rend(); ++it) {
+    // Registered first: an interrupt right after mkdir still removes it.
     cleanup_.emplace_back(it->string(), interrupt::Removal::EmptyDir);
-    if (::mkdir(it->c_str(), 0777) != 0 && errno != EEXIST)
-      throw Error("cannot create the parent directory: " + errno_text(errno)).file(it->string());
+    if (::mkdir(it->c_str(), 0777) != 0) {
+      const int err = errno;
+      cleanup_.pop_back();  // not made by this run
+      if (err == EEXIST) continue;
+      throw Error("cannot create the parent directory: " + errno_text(err)).file(it->string());
+    }
     created_parents_.push_back(it->string());
   }
   if (!fs::is_directory(fs::path(target_).parent_path(), ec))
@@ -149,13 +155,11 @@ void HfTreeWriter::lock_target() {
   name += t.filename().string();
   name += ".shardmerge.lock";
   const std::string lock_file = (t.parent_path() / name).string();
-  cleanup_.emplace_back(lock_file, interrupt::Removal::File);
   lock_ = DirLock::try_lock(lock_file);
-  if (!lock_.locked()) {
-    cleanup_.pop_back();  // the file is the other run's
+  if (!lock_.locked())
     throw Error("another shardmerge run is writing " + display_ + " (it holds " + lock_file +
                 "); wait for it to finish or choose another --target_dir");
-  }
+  cleanup_.emplace_back(lock_file, interrupt::Removal::File);
 }
 
 void HfTreeWriter::require_space(const MergePlan& plan) const {
@@ -183,7 +187,7 @@ void HfTreeWriter::create(const MergePlan& plan, const std::vector<bool>& owned)
     auto hold = interrupt::hold_off();
     if (::mkdir(temp_.c_str(), 0777) != 0) throw Error("cannot create temp directory: " + errno_text(errno)).file(temp_);
     created_ = true;
-    cleanup_.emplace_back(temp_, interrupt::Removal::Tree);
+    temp_cleanup_ = interrupt::Registration(temp_, interrupt::Removal::Tree);
   }
   create_files(plan, owned);
 }
@@ -263,6 +267,7 @@ void HfTreeWriter::publish() {
   // symlink: a target that something else filled since the start check is never replaced.
   if (::rename(temp_.c_str(), target_.c_str()) == 0) {
     committed_ = true;
+    temp_cleanup_ = {};
     return;
   }
   const int err = errno;
@@ -280,6 +285,7 @@ void HfTreeWriter::publish() {
     hold.unlock();
     std::error_code ec;
     fs::remove_all(temp_, ec);
+    temp_cleanup_ = {};
     return;
   }
   if (errno != EINVAL && errno != ENOSYS && errno != EOPNOTSUPP)
@@ -295,10 +301,11 @@ void HfTreeWriter::publish() {
     throw Error("cannot rename the output into place: " + errno_text(failed)).file(display_);
   }
   committed_ = true;
-  cleanup_.emplace_back(old, interrupt::Removal::Tree);
+  temp_cleanup_ = interrupt::Registration(old, interrupt::Removal::Tree);
   hold.unlock();
   std::error_code ec;
   fs::remove_all(old, ec);
+  temp_cleanup_ = {};
 }
 
 }  // namespace shardmerge

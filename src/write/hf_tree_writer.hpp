@@ -64,7 +64,8 @@ class HfTreeWriter : public OutputSink {
   bool committed_ = false;
   bool attached_ = false;
   std::vector<std::string> created_parents_;  // outermost first
-  std::vector<interrupt::Registration> cleanup_;  // parents, lock file, temp dir: removed on a signal
+  std::vector<interrupt::Registration> cleanup_;  // parents, lock file: removed on a signal
+  interrupt::Registration temp_cleanup_;         // the temp dir while it is there
   DirLock lock_;
   std::vector<File> files_;  // by plan file index; unopened where another process writes it
   // Usage errors for a target that is not a directory, or not empty without --force.

@@ -797,9 +797,8 @@ def test_bf16_checkpoint_dtype_warnings(opts, warned, manifest, fixtures, run, t
     warnings = warning_lines(proc.stderr)
     assert len(warnings) == (1 if warned else 0), proc.stderr
     assert json.loads(proc.stdout)["warnings"] == [w[len("shardmerge: warning: "):] for w in warnings]
-    cfg = json.loads((tmp_path / "out" / "config.json").read_text())
-    assert cfg["dtype"] == {"--dtype": None}.get(None, {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}.get(
-        opts[1] if opts else "bf16")), cfg["dtype"]
+    written = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}[opts[1] if opts else "bf16"]
+    assert json.loads((tmp_path / "out" / "config.json").read_text())["dtype"] == written
 
 
 # ---------------------------------------------------------------------------------------------

@@ -8,9 +8,10 @@ never turns into a different, plausible model.
 
 Files are located with Python's own zipfile module and the safetensors header layout, never
 with shardmerge's readers. Mutations are seeded (SHARDMERGE_MUTATION_SEED, default 11) and
-their number per group is SHARDMERGE_MUTATIONS (default 60; the suite runs ~6 groups).
+their number per group is SHARDMERGE_MUTATIONS (default 100; six groups, ~20 s in all).
 """
 import io
+import json
 import os
 import random
 import shutil
@@ -23,7 +24,7 @@ from pathlib import Path
 import pytest
 
 SEED = int(os.environ.get("SHARDMERGE_MUTATION_SEED", "11"))
-COUNT = int(os.environ.get("SHARDMERGE_MUTATIONS", "60"))
+COUNT = int(os.environ.get("SHARDMERGE_MUTATIONS", "100"))
 TIMEOUT_S = 60
 
 
@@ -110,6 +111,16 @@ def mutate_zip_file(path: Path, rng: random.Random):
     return f"truncated to {cut} bytes", blob[:cut]
 
 
+def mutate_any_byte(path: Path, rng: random.Random):
+    """For files without inner structure worth aiming at (DCP's pickled .metadata)."""
+    blob = path.read_bytes()
+    if rng.random() < 0.2:
+        cut = rng.randrange(len(blob))
+        return f"truncated to {cut} bytes", blob[:cut]
+    at = rng.randrange(len(blob))
+    return f"byte {at}", flip(blob, at, rng)
+
+
 def mutate_safetensors_header(path: Path, rng: random.Random):
     blob = path.read_bytes()
     (n,) = struct.unpack_from("<Q", blob)
@@ -120,7 +131,13 @@ def mutate_safetensors_header(path: Path, rng: random.Random):
     if kind == "truncate":
         cut = rng.randrange(len(blob))
         return f"truncated to {cut} bytes", blob[:cut]
+    # Not inside a tensor name: a name with a flipped letter is a well-formed file that holds a
+    # differently named tensor, and nothing in the format (no checksum) can tell it from a real one.
+    header = blob[8:8 + n]
+    names = [(header.find(json.dumps(k).encode()) + 8, len(json.dumps(k))) for k in json.loads(header)]
     at = rng.randrange(8, 8 + n)
+    while any(a <= at < a + k for a, k in names):
+        at = rng.randrange(8, 8 + n)
     return f"header byte {at} ({blob[at:at + 1]!r})", flip(blob, at, rng)
 
 
@@ -215,16 +232,18 @@ def test_fsdp_rank_file_mutations(name, manifest, fixtures, shardmerge_bin, tmp_
     check_mutations(shardmerge_bin, tmp_path, role, victims, mutate_zip_file, args, name)
 
 
-def test_megatron_distcp_mutations(manifest, fixtures, shardmerge_bin, tmp_path):
+@pytest.mark.parametrize("victim", ["distcp", "metadata"])
+def test_megatron_dist_ckpt_mutations(victim, manifest, fixtures, shardmerge_bin, tmp_path):
     pytest.importorskip("torch")
     fx = fixture_by_name(manifest, "qwen2_megatron_tp2_pp2")
     role = fixtures / fx["role_dir"]
     dist = role / "model" / "dist_ckpt"
-    victims = sorted(str(p.relative_to(role)) for p in dist.glob("*.distcp"))
+    pattern, mutate = ("*.distcp", mutate_zip_file) if victim == "distcp" else (".metadata", mutate_any_byte)
+    victims = sorted(str(p.relative_to(role)) for p in dist.glob(pattern))
     hf = fixtures / fx["hf_config_dir_fallback"]
     args = lambda root, target: ["merge", "--backend", "megatron", "--local_dir", root, "--target_dir", target,
                                  "--hf_model_path", hf]
-    check_mutations(shardmerge_bin, tmp_path, role, victims, mutate_zip_file, args, "megatron")
+    check_mutations(shardmerge_bin, tmp_path, role, victims, mutate, args, f"megatron {victim}")
 
 
 def test_safetensors_header_mutations(manifest, fixtures, shardmerge_bin, tmp_path):

@@ -83,3 +83,16 @@ def test_verify_names_the_one_altered_tensor(name, victim, manifest, fixtures, r
     lines = [line for line in proc.stdout.splitlines() if line.startswith("values differ:")]
     assert len(lines) == 1 and lines[0].startswith(f"values differ: {victim}: 1 of "), proc.stdout
     assert "DIFFERENT" in proc.stdout
+
+
+def test_multi_process_merge_verify_checks_the_committed_tree(shardmerge_bin, manifest, fixtures, tmp_path):
+    from test_multiprocess import launch
+
+    fx = entry(manifest, "qwen2_fsdp2_tp_2x2")
+    out = tmp_path / "out"
+    results = launch(shardmerge_bin, 2, lambda rank: ["merge", "--local_dir", fixtures / fx["role_dir"], "--target_dir",
+                                                      out, "--max-shard-size", "20KB", "--verify"])
+    assert all(rc == 0 for rc, _, _ in results), results
+    m = VERIFIED.search(results[0][1])
+    assert m, results[0][1]
+    assert int(m.group(1)) == sum(len(st_header(f)[0]) for f in hf_weight_files(out))

@@ -52,7 +52,7 @@ class CheckedCondVar : public std::condition_variable_any {
   }
 };
 
-TEST(BusySlots, ReleasesFromOtherThreadsWakeTheWaiterAndNotifyUnderTheLock) {
+TEST(CudaBusySlots, ReleasesFromOtherThreadsWakeTheWaiterAndNotifyUnderTheLock) {
   notifies_without_lock = 0;
   for (int round = 0; round < 200; ++round) {
     auto slots = std::make_unique<BusySlots<CountingMutex, CheckedCondVar>>(3);
@@ -67,7 +67,7 @@ TEST(BusySlots, ReleasesFromOtherThreadsWakeTheWaiterAndNotifyUnderTheLock) {
   EXPECT_EQ(notifies_without_lock.load(), 0) << "release() notified after unlocking: the runner may be gone by then";
 }
 
-TEST(BusySlots, AcquireWaitsForTheSlotToBeReleased) {
+TEST(CudaBusySlots, AcquireWaitsForTheSlotToBeReleased) {
   BusySlots<> slots(1);
   slots.acquire(0);
   std::atomic<bool> released{false};

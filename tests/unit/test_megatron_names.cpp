@@ -160,5 +160,40 @@ TEST(MegatronNames, StackedLayerCountMustMatchConfig) {
   EXPECT_THROW(map_megatron_to_hf(set, qwen2_config(), {}), Error);
 }
 
+// Found by fuzz_megatron_names: names and configs that threw std::out_of_range or divided by 0.
+TEST(MegatronNames, MalformedNamesAndConfigsAreErrors) {
+  auto error_of = [](const SourceSet& set, const nlohmann::ordered_json& config) -> std::string {
+    try {
+      map_megatron_to_hf(set, config, {});
+    } catch (const Error& e) {
+      return e.what();
+    }
+    ADD_FAILURE() << "no shardmerge::Error";
+    return "";
+  };
+  SourceSet bare;  // "decoder.layers.1" with nothing after the layer number
+  bare.tensors = {stored("decoder.layers.1", {8}, 0)};
+  EXPECT_NE(error_of(bare, qwen2_config()).find("layer-stacked tensor has shape [8]"), std::string::npos);
+  SourceSet expert;  // "mlp.experts.<e>" and "local_experts.<e>" with no name after the expert
+  expert.tensors = {stored("decoder.layers.0.mlp.experts.1", {8}, 0), stored("decoder.layers.0.mlp.experts.local_experts.1", {8}, 64)};
+  EXPECT_NE(error_of(expert, qwen2_config()).find("Megatron keys with no Qwen2ForCausalLM mapping"), std::string::npos);
+  SourceSet grouped;  // grouped experts stacked over layers, with no experts axis left
+  grouped.tensors = {stored("decoder.layers.mlp.experts.experts.linear_fc1.weight", {2}, 0)};
+  EXPECT_NE(error_of(grouped, qwen2_config()).find("has no experts axis"), std::string::npos);
+  SourceSet empty;
+  auto config = qwen2_config();
+  config["num_attention_heads"] = 0;
+  EXPECT_NE(error_of(empty, config).find("num_attention_heads 0, not a head count"), std::string::npos);
+  config = qwen2_config();
+  config["num_key_value_heads"] = 0;
+  EXPECT_NE(error_of(empty, config).find("num_key_value_heads 0 does not divide num_attention_heads 4"), std::string::npos);
+  config = qwen2_config();
+  config["head_dim"] = int64_t{1} << 40;
+  EXPECT_NE(error_of(empty, config).find("head dimension of 1099511627776"), std::string::npos);
+  config = qwen2_config();
+  config["vocab_size"] = -1;
+  EXPECT_NE(error_of(empty, config).find("vocab_size -1, fewer than 1"), std::string::npos);
+}
+
 }  // namespace
 }  // namespace shardmerge

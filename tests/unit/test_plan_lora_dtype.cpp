@@ -326,6 +326,16 @@ TEST_F(ConfigCheck, EachDisagreeingFieldIsNamedWithBothValues) {
   expect_refused("num_attention_heads", 8, "4", "model.layers.0.self_attn.q_proj.weight");
 }
 
+TEST_F(ConfigCheck, OnlyTheDecodersLayersCount) {
+  weights.push_back({"model.vision_tower.encoder.layers.11.mlp.fc1.weight", {64, 32}});  // a multimodal model's tower
+  EXPECT_NO_THROW(check());
+  for (auto& [name, shape] : weights)  // transformers 5 names a multimodal decoder model.language_model.*
+    if (name.rfind("model.", 0) == 0 && name.find("vision") == std::string::npos)
+      name = "model.language_model." + name.substr(6);
+  EXPECT_NO_THROW(check());
+  expect_refused("num_hidden_layers", 3, "2", "model.language_model.layers.1.");
+}
+
 TEST_F(ConfigCheck, FieldsTheConfigDoesNotStateAreNotChecked) {
   config = {{"model_type", "custom"}};
   EXPECT_NO_THROW(check());

@@ -129,7 +129,9 @@ class Assembly : public ::testing::Test {
   }
   // Local rows [first, first + n) of the file, placed at the global rows `rows`.
   ReferencePiece rows(int64_t first, std::vector<int64_t> global_rows) {
-    return {0, static_cast<uint64_t>(first) * 8, 0, {2, 1}, {std::move(global_rows), index_range(0, 2)}, "test", std::nullopt};
+    return {
+        0,           static_cast<uint64_t>(first) * 8, 0, {2, 1}, {std::move(global_rows), index_range(0, 2)}, "test",
+        std::nullopt};
   }
 };
 
