@@ -48,7 +48,7 @@ int print_result(const TreeDiff& d, const std::string& what, bool as_json, const
       }
     for (const auto& l : d.compared_as_fp32) std::printf("compared as fp32: %s\n", l.c_str());
     for (const auto& l : d.report(50)) std::printf("%s\n", l.c_str());
-    if (!what_was_compared.empty() && d.equal()) std::printf("shardmerge: %s\n", what_was_compared.c_str());
+    if (!what_was_compared.empty()) std::printf("shardmerge: %s\n", what_was_compared.c_str());
     std::printf("shardmerge: %s: %s (%zu tensors compared)\n", what.c_str(), d.equal() ? "equal" : "DIFFERENT",
                 d.values.size());
   }

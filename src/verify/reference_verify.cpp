@@ -451,8 +451,11 @@ std::string ReferenceCheck::summary() const {
     std::snprintf(count, sizeof count, "%llu", static_cast<unsigned long long>(elements));
   else
     std::snprintf(count, sizeof count, "%.1f M", static_cast<double>(elements) / 1e6);
-  std::string s = "verified " + std::to_string(tensors) + " tensors (" + count + " elements) against " + route +
-                  ", independently of the merge plan; every element held by exactly one source piece";
+  std::string s = (diff.equal() ? "verified " : "compared ") + std::to_string(tensors) + " tensors (" + count +
+                  " elements) against " + route + ", independently of the merge plan; " +
+                  (diff.not_covered.empty() ? std::string("every element held by exactly one source piece")
+                                            : std::to_string(diff.not_covered.size()) +
+                                                  " tensor(s) with elements not held by exactly one source piece");
   if (folds)
     s += "; " + std::to_string(folds) +
          " LoRA fold(s) recomputed as fp32 W + scale*B*A (plain loop, the planned scale) within 1 "

@@ -83,6 +83,8 @@ def test_verify_names_the_one_altered_tensor(name, victim, manifest, fixtures, r
     lines = [line for line in proc.stdout.splitlines() if line.startswith("values differ:")]
     assert len(lines) == 1 and lines[0].startswith(f"values differ: {victim}: 1 of "), proc.stdout
     assert "DIFFERENT" in proc.stdout
+    compared = re.search(r"^shardmerge: compared \d+ tensors .* independently of the merge plan", proc.stdout, re.M)
+    assert compared, proc.stdout
 
 
 def test_multi_process_merge_verify_checks_the_committed_tree(shardmerge_bin, manifest, fixtures, tmp_path):

@@ -5,11 +5,14 @@
 #include <filesystem>
 
 #include "formats/hf_index.hpp"
+#include "formats/safetensors.hpp"
+#include "layouts/layout.hpp"
 #include "plan/planner.hpp"
 #include "shardmerge/error.hpp"
 #include "shardmerge/executor.hpp"
 #include "test_support.hpp"
 #include "util/file.hpp"
+#include "util/shape.hpp"
 #include "verify/compare.hpp"
 #include "verify/reference_assembly.hpp"
 #include "verify/reference_verify.hpp"
@@ -116,8 +119,45 @@ TEST(ReferenceVerify, CatchesAWrongQkvSplitOfAMegatronTensor) {
   expect_only_mismatch(verify_against_sources(pm, bad), victim);
 }
 
+// The assembly alone, against torch's own full_tensor() / ShardedTensor.gather() of every
+// saved value (expected.safetensors, written by the fixture generator): _StridedShard with
+// Shard on a 2-D mesh and a 1-D sub-mesh, HSDP replicas, Shard(1), ShardedTensor offsets and
+// empty last shards.
+TEST(ReferenceAssemblyOnFixtures, EqualsTheGathersOfTorch) {
+  SHARDMERGE_REQUIRE_FIXTURES();
+  const std::filesystem::path fx = test::fixtures_dir();
+  for (const std::string name : {"qwen2_fsdp2_tp_2x2", "qwen2_hsdp_2x2", "llama_fsdp2_shard1_w4",
+                                 "qwen2_fsdp1_sharded_tensor_w2", "qwen2_critic_fsdp2_w2", "qwen2_fsdp2_w4"}) {
+    SCOPED_TRACE(name);
+    const std::string role =
+        (fx / name / "global_step_3" / (name.find("critic") != std::string::npos ? "critic" : "actor"));
+    const layouts::Layout layout = layouts::detect(role);
+    const ReferenceSources sources = reference_from_fsdp(std::get<layouts::FsdpRole>(layout.info));
+    const SafetensorsFile expected = SafetensorsFile::open((fx / name / "expected.safetensors").string());
+    const File expected_file = File::open_read(expected.path());
+    ASSERT_EQ(sources.tensors.size(), expected.tensors().size());
+    for (const ReferenceTensor& t : sources.tensors) {
+      const SafetensorsTensor* e = expected.find(t.name);
+      ASSERT_TRUE(e) << t.name;
+      ASSERT_EQ(e->shape, t.shape) << t.name;
+      std::vector<uint8_t> want(e->nbytes), got(e->nbytes);
+      expected_file.read_exact(e->file_offset, want.data(), want.size());
+      ElementFetcher fetch(sources, t);
+      const size_t es = dtype_size(t.dtype);
+      const int64_t row = t.shape.empty() ? 1 : t.shape.back();
+      std::vector<int64_t> index(t.shape.size(), 0);
+      for (uint64_t pos = 0; pos < element_count(t.shape); pos += static_cast<uint64_t>(row)) {
+        for (size_t d = t.shape.size(), rest = pos; d-- > 0; rest /= static_cast<size_t>(t.shape[d]))
+          index[d] = static_cast<int64_t>(rest % static_cast<size_t>(t.shape[d]));
+        ASSERT_EQ(fetch.fetch_run(index.data(), row, got.data() + pos * es), 0u) << t.name << " at element " << pos;
+      }
+      EXPECT_EQ(got, want) << t.name;
+    }
+  }
+}
+
 // A 4 x 2 float tensor in one file; pieces of it as rows.
-class Assembly : public ::testing::Test {
+class ReferenceAssembly : public ::testing::Test {
  protected:
   TempDir dir;
   ReferenceSources sources;
@@ -135,7 +175,7 @@ class Assembly : public ::testing::Test {
   }
 };
 
-TEST_F(Assembly, FetchesByGlobalIndexAndCountsHolders) {
+TEST_F(ReferenceAssembly, FetchesByGlobalIndexAndCountsHolders) {
   // Rows 0 and 2 from file rows 0-1, rows 1 and 3 from file rows 2-3 (an interleaved split).
   sources.tensors.push_back({"t", DType::F32, {4, 2}, {rows(0, {0, 2}), rows(2, {1, 3})}});
   ElementFetcher fetch(sources, sources.tensors[0]);
@@ -147,7 +187,7 @@ TEST_F(Assembly, FetchesByGlobalIndexAndCountsHolders) {
   EXPECT_EQ(v, 2.0f);  // file row 1, column 0
 }
 
-TEST_F(Assembly, ReportsGapsAndOverlaps) {
+TEST_F(ReferenceAssembly, ReportsGapsAndOverlaps) {
   sources.tensors.push_back({"t", DType::F32, {4, 2}, {rows(0, {0, 1}), rows(1, {1, 2})}});
   ElementFetcher fetch(sources, sources.tensors[0]);
   float v;
@@ -156,7 +196,7 @@ TEST_F(Assembly, ReportsGapsAndOverlaps) {
   EXPECT_EQ(fetch.fetch(row3, reinterpret_cast<uint8_t*>(&v)), 0);  // held by nobody
 }
 
-TEST_F(Assembly, RefusesAPieceOutsideTheTensor) {
+TEST_F(ReferenceAssembly, RefusesAPieceOutsideTheTensor) {
   sources.tensors.push_back({"t", DType::F32, {4, 2}, {rows(0, {0, 4})}});
   EXPECT_THROW(ElementFetcher(sources, sources.tensors[0]), Error);
 }
