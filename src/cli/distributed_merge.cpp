@@ -74,23 +74,25 @@ int write_merge_distributed(dist::ProcessGroup& group, const std::function<Plann
                           {"folds", stats.lora_folds}}
         .dump();
   });
-  together(group, [&] {
-    if (root) writer.commit(plan);
-    return std::string();
-  });
-  // --verify: the root compares the committed tree with the checkpoint assembled from its own
-  // metadata, independently of the plan the processes shared; the others wait for its answer.
+  // --verify: once every process has written and synced its files, the root compares the whole
+  // tree, still in the temp dir, with the checkpoint assembled from its own metadata,
+  // independently of the plan the processes shared; the others wait for its answer. An output
+  // that fails is never committed.
   std::optional<ReferenceCheck> check;
   const auto verdict = together(group, [&] {
     if (!root || !o.verify) return std::string();
-    check = verify_against_sources(pm, o.target);
+    check = verify_against_sources(pm, temp);
     return std::string(check->diff.equal() ? "" : "differs");
   });
   if (o.verify && !verdict.at(0).empty()) {
     if (root)
       for (const auto& l : check->diff.report(20)) std::fprintf(stderr, "  %s\n", l.c_str());
-    throw Error("verification failed: the written output differs from the source");
+    throw Error("verification failed: the merged output differs from the source; nothing was written to " + o.target);
   }
+  together(group, [&] {
+    if (root) writer.commit(plan);
+    return std::string();
+  });
   if (!root) return 0;
 
   uint64_t read = 0, peak = 0, folds = 0;

@@ -148,6 +148,22 @@ int write_merge(const std::function<PlannedMerge()>& make_plan, const ExecCliOpt
   const ExecStats stats = executor.run(plan, writer, exec);
   progress.finish();
   const double write_secs = seconds_since(write_start);
+
+  std::optional<ReferenceCheck> check;
+  const auto verify_start = Clock::now();
+  double verify_secs = 0;
+  if (o.verify) {
+    // Every element against the checkpoint assembled from its own metadata (reads it again),
+    // before the commit: an output that fails verification never appears at the target.
+    auto scope = trace.scope("verify");
+    check = verify_against_sources(pm, writer.temp_dir());
+    verify_secs = seconds_since(verify_start);
+  }
+  if (check && !check->diff.equal()) {
+    std::printf("shardmerge: %s\n", check->summary().c_str());
+    for (const auto& l : check->diff.report(20)) std::printf("  %s\n", l.c_str());
+    throw Error("verification failed: the merged output differs from the source; nothing was written to " + o.target);
+  }
   const auto commit_start = Clock::now();
   {
     auto scope = trace.scope("fsync");
@@ -155,16 +171,6 @@ int write_merge(const std::function<PlannedMerge()>& make_plan, const ExecCliOpt
   }
   const double commit_secs = seconds_since(commit_start);
   const double secs = seconds_since(start);
-
-  std::optional<ReferenceCheck> check;
-  const auto verify_start = Clock::now();
-  double verify_secs = 0;
-  if (o.verify) {
-    // Every element against the checkpoint assembled from its own metadata (reads it again).
-    auto scope = trace.scope("verify");
-    check = verify_against_sources(pm, o.target);
-    verify_secs = seconds_since(verify_start);
-  }
   if (!o.profile.empty()) trace.write(o.profile);
 
   const uint64_t peak = peak_rss_bytes();
@@ -209,7 +215,6 @@ int write_merge(const std::function<PlannedMerge()>& make_plan, const ExecCliOpt
       for (const auto& l : check->diff.report(20)) std::printf("  %s\n", l.c_str());
     }
   }
-  if (check && !check->diff.equal()) throw Error("verification failed: the written output differs from the source");
   return 0;
 }
 
