@@ -15,5 +15,7 @@ void add_merge(CLI::App& app, Runner& run);
 void add_verify(CLI::App& app, Runner& run);
 void add_diff(CLI::App& app, Runner& run);
 void add_fold_lora(CLI::App& app, Runner& run);
+void add_ls(CLI::App& app, Runner& run);
+void add_prune(CLI::App& app, Runner& run);
 
 }  // namespace shardmerge::cli

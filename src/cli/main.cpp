@@ -23,6 +23,8 @@ int main(int argc, char** argv) {
   cli::add_verify(app, run);
   cli::add_diff(app, run);
   cli::add_fold_lora(app, run);
+  cli::add_ls(app, run);
+  cli::add_prune(app, run);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

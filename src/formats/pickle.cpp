@@ -3,6 +3,7 @@
 #include <charconv>
 #include <cmath>
 #include <cstring>
+#include <string_view>
 #include <unordered_map>
 
 #include "shardmerge/error.hpp"
@@ -292,20 +293,60 @@ class Machine {
   // -- helpers for containers ----------------------------------------------------------------
   void charge_slots(uint64_t n) { doc_.charge(n * sizeof(Value*)); }
 
+  // SETITEM replaces the value of a str or int key already there, as Python's dict does.
+  // Large containers get an index of their keys: a scan per SETITEM made n SETITEMs cost
+  // n^2 / 2 comparisons (4 minutes for a 600 kB pickle). Entries are only ever appended or
+  // have their value replaced, so an index extended over the entries it has not seen yet
+  // stays valid whatever appended them.
+  struct Key {
+    Kind kind;
+    std::string_view text;
+    int64_t integer;
+    bool operator==(const Key&) const = default;
+  };
+  struct KeyHash {
+    size_t operator()(const Key& k) const {
+      return std::hash<std::string_view>{}(k.text) ^ (std::hash<int64_t>{}(k.integer) << 1) ^ static_cast<size_t>(k.kind);
+    }
+  };
+  struct KeyIndex {
+    size_t scanned = 0;  // entries[0, scanned) are in `position`
+    std::unordered_map<Key, size_t, KeyHash> position;
+  };
+  static constexpr size_t kIndexFrom = 16;           // entries; smaller containers are scanned
+  static constexpr uint64_t kIndexEntryBytes = 64;   // a hash node, charged to the memory budget
+
+  static bool has_key_semantics(const Value* k) { return k->kind == Kind::Str || k->kind == Kind::Int; }
+  static Key key_of(const Value* k) { return {k->kind, k->text, k->integer}; }
+
+  // Position of `key` (a str or int) among `target`'s entries, or npos.
+  size_t find_entry(Value* target, const Value* key) {
+    const auto& entries = target->entries;
+    if (entries.size() < kIndexFrom) {
+      for (size_t j = 0; j < entries.size(); ++j)
+        if (has_key_semantics(entries[j].first) && key_of(entries[j].first) == key_of(key)) return j;
+      return std::string::npos;
+    }
+    KeyIndex& index = key_index_[target];
+    for (; index.scanned < entries.size(); ++index.scanned)
+      if (has_key_semantics(entries[index.scanned].first)) {
+        doc_.charge(kIndexEntryBytes);
+        index.position.try_emplace(key_of(entries[index.scanned].first), index.scanned);  // the first one wins
+      }
+    const auto it = index.position.find(key_of(key));
+    return it == index.position.end() ? std::string::npos : it->second;
+  }
+
   void set_items(Value* target, const std::vector<Value*>& kv) {
     if (kv.size() % 2) fail("odd number of items for SETITEMS");
     charge_slots(kv.size());
     if (target->kind != Kind::Dict && target->kind != Kind::Object) fail(std::string("SETITEM on a ") + kind_name(target->kind));
     for (size_t i = 0; i < kv.size(); i += 2) {
-      bool replaced = false;
-      if (kv[i]->kind == Kind::Str || kv[i]->kind == Kind::Int)
-        for (auto& [k, v] : target->entries)
-          if (k->kind == kv[i]->kind && k->text == kv[i]->text && k->integer == kv[i]->integer) {
-            v = kv[i + 1];
-            replaced = true;
-            break;
-          }
-      if (!replaced) target->entries.emplace_back(kv[i], kv[i + 1]);
+      const size_t at = has_key_semantics(kv[i]) ? find_entry(target, kv[i]) : std::string::npos;
+      if (at != std::string::npos)
+        target->entries[at].second = kv[i + 1];
+      else
+        target->entries.emplace_back(kv[i], kv[i + 1]);
     }
   }
   void append_items(Value* target, const std::vector<Value*>& values) {
@@ -408,6 +449,7 @@ class Machine {
   std::vector<Value*> stack_;
   std::vector<size_t> marks_;
   std::unordered_map<uint64_t, Value*> memo_;
+  std::unordered_map<const Value*, KeyIndex> key_index_;
 };
 
 // Parses the quoted Python repr used by protocol-0 STRING.

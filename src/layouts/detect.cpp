@@ -150,6 +150,10 @@ MegatronRole read_megatron_role(const fs::path& dir, std::vector<std::string>& w
   role.has_transformer_config = is_file(dir / "transformer_config.json");
   for (const char* name : {"ckpt_contents.json", "checkpoint_contents_metadata.json"}) {
     if (auto m = read_json(dir / name, warnings)) {
+      if (!m->is_object()) {
+        warnings.push_back((dir / name).string() + ": not a JSON object; ignored");
+        continue;
+      }
       role.manifest = nlohmann::json(*m);
       role.manifest_name = name;
       break;
@@ -192,18 +196,6 @@ MegatronRole read_megatron_role(const fs::path& dir, std::vector<std::string>& w
   return role;
 }
 
-std::optional<int64_t> parse_step_dir(const std::string& name) {
-  for (const char* prefix : {"global_step_", "global_steps_"}) {
-    const size_t n = strlen(prefix);
-    if (name.compare(0, n, prefix) == 0) {
-      int64_t step = 0;
-      auto r = std::from_chars(name.data() + n, name.data() + name.size(), step);
-      if (r.ec == std::errc() && r.ptr == name.data() + name.size() && name.size() > n) return step;
-    }
-  }
-  return std::nullopt;
-}
-
 RunRoot read_run_root(const fs::path& dir) {
   RunRoot run;
   run.path = dir.string();
@@ -238,8 +230,14 @@ HfTree read_hf_tree(const std::string& path) {
   HfTree tree;
   tree.path = path;
   const fs::path dir(path);
-  std::vector<std::string> ignored;
-  if (auto cfg = read_json(dir / "config.json", ignored)) {
+  std::vector<std::string> problems;
+  auto cfg = read_json(dir / "config.json", problems);
+  if (cfg && !cfg->is_object()) {
+    problems.push_back((dir / "config.json").string() + ": not a JSON object");
+    cfg.reset();
+  }
+  if (!problems.empty()) tree.config_problem = problems.front();
+  if (cfg) {
     tree.has_config = true;
     tree.config = *cfg;
     if (cfg->contains("architectures") && (*cfg)["architectures"].is_array() && !(*cfg)["architectures"].empty() &&

@@ -17,6 +17,7 @@ struct HfTree {
   std::string path;
   bool has_config = false;
   nlohmann::ordered_json config;  // config.json, when present and valid
+  std::string config_problem;     // "<path>: ..." when config.json is there but not a valid JSON object
   std::string architecture;       // architectures[0]
   enum class Weights { None, Safetensors, ShardedSafetensors, PytorchBin } weights = Weights::None;
   bool weights_complete = false;  // every shard named by the index exists and is non-empty

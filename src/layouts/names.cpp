@@ -65,4 +65,14 @@ std::vector<std::string> list_mp_rank_dirs(const std::filesystem::path& model_di
   return out;
 }
 
+std::optional<int64_t> parse_step_dir(const std::string& name) {
+  for (const std::string prefix : {"global_step_", "global_steps_"}) {
+    int64_t step = 0;
+    if (name.compare(0, prefix.size(), prefix) == 0 &&
+        parse_int(name.data() + prefix.size(), name.data() + name.size(), step))
+      return step;
+  }
+  return std::nullopt;
+}
+
 }  // namespace shardmerge::layouts

@@ -18,6 +18,9 @@ struct RankFileName {
 std::optional<RankFileName> parse_rank_file_name(const std::string& name, const std::string& prefix);
 std::string rank_file_name(const std::string& prefix, int64_t world_size, int64_t rank);
 
+// Step directories "global_step_<N>" (and "global_steps_<N>", which some verl versions wrote).
+std::optional<int64_t> parse_step_dir(const std::string& name);
+
 // Megatron legacy per-rank directories "mp_rank_<tp:02>[_<pp:03>][_<ep:03>]".
 struct MpRankName {
   int64_t tp = 0;

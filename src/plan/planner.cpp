@@ -76,7 +76,9 @@ MergePlan finish_plan(const SourceSet& sources, const std::string& source_dir, M
 std::optional<layouts::HfTree> hf_model_path_tree(const MergeRequest& req, std::vector<std::string>& notes) {
   if (req.hf_model_path.empty()) return std::nullopt;
   layouts::HfTree tree = layouts::read_hf_tree(req.hf_model_path);
-  if (!tree.has_config) throw usage_error("--hf_model_path " + req.hf_model_path + " has no valid config.json");
+  if (!tree.has_config)
+    throw usage_error("--hf_model_path " + req.hf_model_path + " has no valid config.json" +
+                      (tree.config_problem.empty() ? "" : " (" + tree.config_problem + ")"));
   notes.push_back("config.json and tokenizer files from --hf_model_path " + req.hf_model_path);
   return tree;
 }
@@ -149,6 +151,7 @@ PlannedMerge plan_megatron(const MergeRequest& req, const layouts::MegatronRole&
   }
   const std::optional<layouts::HfTree> given = hf_model_path_tree(req, notes);
   if (given) hf = &*given;
+  if (hf && !hf->has_config && !hf->config_problem.empty()) throw Error(hf->config_problem);
   if (!hf || !hf->has_config)
     throw Error("no HuggingFace config.json beside the Megatron checkpoint (looked in huggingface/, model/huggingface/, "
                 "hf_config_and_tokenizer/; verl's dist-only saves have none): pass the base model's directory as "

@@ -51,7 +51,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
                                          {"vocab_size", 12}, {"num_experts", 2}, {"moe_intermediate_size", 4},
                                          {"shared_expert_intermediate_size", 8}, {"tie_word_embeddings", line.size() > 1}};
   shardmerge::SourceSet set;
-  set.files.push_back({"/megatron/model.pt", 1u << 30});
+  set.files.push_back({"/megatron/model.pt", 1u << 30, std::nullopt});
   while (std::getline(in, line) && set.tensors.size() < 64) {
     const size_t bar = line.find('|');
     std::vector<int64_t> shape;

@@ -69,6 +69,27 @@ TEST(JsonFields, MegatronManifestNamesFileAndField) {
   std::ofstream(role / "ckpt_contents.json") << R"({"contents": {"model": {"format": 7, "path": "model/dist_ckpt"}}})";
   const std::string what = error_of([&] { layouts::detect(role.string()); });
   EXPECT_EQ(what, (role / "ckpt_contents.json").string() + ": 'contents.model.format' is 7, not a string");
+  // Found by fuzz_json_sidecars: a manifest that is not an object was indexed as one.
+  std::ofstream(role / "ckpt_contents.json") << "5";
+  const auto layout = layouts::detect(role.string());
+  bool warned = false;
+  for (const auto& w : layout.warnings) warned = warned || w == (role / "ckpt_contents.json").string() + ": not a JSON object; ignored";
+  EXPECT_TRUE(warned);
+}
+
+TEST(JsonFields, AnHfConfigThatIsNotAJsonObjectIsReportedWithItsPath) {
+  test::TempDir d;
+  std::ofstream(d.path() / "config.json") << R"({"architectures": ["Qwen2ForCausalLM"],)";
+  const layouts::HfTree broken = layouts::read_hf_tree(d.path().string());
+  EXPECT_FALSE(broken.has_config);
+  EXPECT_EQ(broken.config_problem.rfind((d.path() / "config.json").string() + ": not valid JSON (", 0), 0u)
+      << broken.config_problem;
+  std::ofstream(d.path() / "config.json") << "[1, 2]";
+  const layouts::HfTree array = layouts::read_hf_tree(d.path().string());
+  EXPECT_FALSE(array.has_config);
+  EXPECT_EQ(array.config_problem, (d.path() / "config.json").string() + ": not a JSON object");
+  std::ofstream(d.path() / "config.json") << "{}";
+  EXPECT_TRUE(layouts::read_hf_tree(d.path().string()).config_problem.empty());
 }
 
 TEST(JsonFields, HfConfigForTheMegatronMapping) {

@@ -703,8 +703,8 @@ TEST(ZipLocalHeader, DataDescriptorsMustAgreeWithTheCentralDirectory) {
   uint64_t data = 0;
   {
     const File f = File::open_read(path);
-    const ZipEntry& e = TorchArchive::read(f).record("data/0");
-    data = e.data_offset;
+    const TorchArchive archive = TorchArchive::read(f);
+    data = archive.record("data/0").data_offset;
     ASSERT_EQ(f.read_string(data + 16, 4), le<uint32_t>(0x08074b50)) << "a signed 16-byte descriptor follows";
   }
   const std::string good = test::read_file(path);
