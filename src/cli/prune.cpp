@@ -2,8 +2,6 @@
 // layouts::plan_prune marks, only with --yes. Removal is crash-safe: each step is renamed into
 // RUN_ROOT/.shardmerge-trash (one atomic rename per step, same filesystem), then the trash is
 // removed; a trash dir that a killed prune left is removed by the next one, with a note.
-#include <fcntl.h>
-#include <unistd.h>
 
 #include <cstdio>
 #include <filesystem>
@@ -13,6 +11,7 @@
 #include "layouts/run_inventory.hpp"
 #include "shardmerge/error.hpp"
 #include "util/dir_lock.hpp"
+#include "util/file.hpp"
 #include "util/interrupt.hpp"
 #include "util/units.hpp"
 
@@ -21,14 +20,6 @@ using json = nlohmann::ordered_json;
 
 namespace shardmerge::cli {
 namespace {
-
-// Makes the renames in `dir` durable before the trash is emptied.
-void fsync_dir(const fs::path& dir) {
-  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (fd < 0) return;
-  ::fsync(fd);
-  ::close(fd);
-}
 
 void remove_tree(const fs::path& p) {
   std::error_code ec;

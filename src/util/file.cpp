@@ -126,4 +126,11 @@ void write_small_file(const std::string& path, const std::string& content, bool 
   f.write_exact(0, content.data(), content.size());
 }
 
+void fsync_dir(const std::string& dir) {
+  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) return;
+  ::fsync(fd);
+  ::close(fd);
+}
+
 }  // namespace shardmerge

@@ -44,5 +44,7 @@ class File {
 // Whole small files (JSON, trackers); refuses anything larger than max_bytes.
 std::string read_small_file(const std::string& path, size_t max_bytes = 64u << 20);
 void write_small_file(const std::string& path, const std::string& content, bool overwrite = false);
+// Makes the entries of a directory (creations, renames, removals) durable; best effort.
+void fsync_dir(const std::string& dir);
 
 }  // namespace shardmerge

@@ -21,13 +21,6 @@ namespace fs = std::filesystem;
 namespace shardmerge {
 namespace {
 
-void fsync_dir(const fs::path& dir) {
-  int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (fd < 0) return;
-  ::fsync(fd);
-  ::close(fd);
-}
-
 // Starts the disk write of a just-written range now, without waiting for it: the final fsync
 // then has little left to do, and the disk works while the CPUs still convert.
 void start_writeback(int fd, uint64_t offset, uint64_t n) {
