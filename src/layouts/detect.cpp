@@ -1,5 +1,4 @@
 #include <algorithm>
-#include <charconv>
 #include <cstring>
 #include <filesystem>
 #include <map>
@@ -10,6 +9,7 @@
 #include "util/file.hpp"
 #include "util/json_fields.hpp"
 #include "layouts/names.hpp"
+#include "util/text.hpp"
 
 namespace fs = std::filesystem;
 
@@ -84,19 +84,32 @@ bool looks_like_role(const fs::path& dir) {
 FsdpRole read_fsdp_role(const fs::path& dir, std::vector<std::string>& warnings) {
   FsdpRole role;
   role.path = dir.string();
+  // A world size sizes the table of rank files: one from a file name or fsdp_config.json is
+  // used only when it is a plausible job size (far above any real one), not 10^11.
+  constexpr int64_t kMaxWorldSize = int64_t{1} << 20;
+  auto plausible = [](int64_t w) { return w >= 1 && w <= kMaxWorldSize; };
   std::map<int64_t, std::map<int64_t, std::string>> by_world;  // world size -> rank -> path
   for (const auto& p : list_dir(dir)) {
     const std::string name = p.filename().string();
-    if (auto r = parse_rank_file_name(name, "model")) by_world[r->world_size][r->rank] = p.string();
+    if (auto r = parse_rank_file_name(name, "model")) {
+      if (plausible(r->world_size))
+        by_world[r->world_size][r->rank] = p.string();
+      else
+        warnings.push_back(p.string() + ": world size " + std::to_string(r->world_size) + " is not a plausible job size; ignored");
+    }
     if (parse_rank_file_name(name, "optim")) ++role.optim_files;
     if (parse_rank_file_name(name, "extra_state")) ++role.extra_state_files;
   }
   if (auto cfg = read_json(dir / "fsdp_config.json", warnings)) {
-    if (cfg->contains("world_size") && (*cfg)["world_size"].is_number_integer()) {
-      role.world_size = (*cfg)["world_size"].get<int64_t>();
+    const nlohmann::ordered_json world = cfg->is_object() ? cfg->value("world_size", nlohmann::ordered_json()) : nullptr;
+    if (!world.is_number_integer()) {
+      warnings.push_back("fsdp_config.json has no integer world_size");
+    } else if (plausible(world.get<int64_t>())) {  // (an unsigned past int64 comes out negative)
+      role.world_size = world.get<int64_t>();
       role.world_size_source = "fsdp_config.json";
     } else {
-      warnings.push_back("fsdp_config.json has no integer world_size");
+      warnings.push_back((dir / "fsdp_config.json").string() + ": world_size " + world.dump() +
+                         " is not a plausible job size; ignored");
     }
     if (cfg->contains("FSDP_version") && (*cfg)["FSDP_version"].is_number_integer())
       role.fsdp_version = (*cfg)["FSDP_version"].get<int>();
@@ -207,16 +220,14 @@ RunRoot read_run_root(const fs::path& dir) {
     run.tracker_problem = "no latest_checkpointed_iteration.txt";
     return run;
   }
-  std::string text = read_small_file(tracker.string(), 4096);
-  const auto b = text.find_first_not_of(" \t\r\n");
-  const auto e = text.find_last_not_of(" \t\r\n");
-  text = b == std::string::npos ? "" : text.substr(b, e - b + 1);
-  int64_t step = 0;
-  auto r = std::from_chars(text.data(), text.data() + text.size(), step);
-  if (text.empty() || r.ec != std::errc() || r.ptr != text.data() + text.size()) {
-    run.tracker_problem = "latest_checkpointed_iteration.txt does not hold a step number ('" + text + "')";
+  const std::string text = read_small_file(tracker.string(), 4096);
+  const auto parsed = parse_tracker_step(text);
+  if (!parsed) {
+    run.tracker_problem =
+        "latest_checkpointed_iteration.txt does not hold a step number ('" + std::string(trim_whitespace(text)) + "')";
     return run;
   }
+  const int64_t step = *parsed;
   run.tracker_step = step;
   const bool exists = std::any_of(run.steps.begin(), run.steps.end(), [&](const auto& s) { return s.first == step; });
   if (!exists) run.tracker_problem = "latest_checkpointed_iteration.txt points to step " + std::to_string(step) +

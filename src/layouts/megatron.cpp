@@ -1,7 +1,6 @@
 #include "layouts/megatron.hpp"
 
 #include <algorithm>
-#include <charconv>
 #include <filesystem>
 #include <limits>
 #include <map>
@@ -15,6 +14,7 @@
 #include "shardmerge/error.hpp"
 #include "util/file.hpp"
 #include "util/json_fields.hpp"
+#include "util/text.hpp"
 
 namespace fs = std::filesystem;
 
@@ -77,10 +77,8 @@ constexpr int64_t kMaxNameIndex = int64_t{1} << 31;
 
 // A decimal [0, kMaxNameIndex) spanning all of `digits`; nullopt otherwise (signs included).
 std::optional<int64_t> name_index(std::string_view digits) {
-  int64_t v = 0;
-  if (digits.empty() || digits.front() < '0' || digits.front() > '9') return std::nullopt;
-  auto r = std::from_chars(digits.data(), digits.data() + digits.size(), v);
-  if (r.ec != std::errc() || r.ptr != digits.data() + digits.size() || v >= kMaxNameIndex) return std::nullopt;
+  const auto v = parse_decimal(digits);
+  if (!v || *v >= kMaxNameIndex) return std::nullopt;
   return v;
 }
 

@@ -1,19 +1,10 @@
 #include "layouts/names.hpp"
 
 #include <algorithm>
-#include <charconv>
+
+#include "util/text.hpp"
 
 namespace shardmerge::layouts {
-namespace {
-
-// Parses a non-negative decimal that spans [p, end) exactly.
-bool parse_int(const char* p, const char* end, int64_t& out) {
-  if (p == end) return false;
-  auto r = std::from_chars(p, end, out);
-  return r.ec == std::errc() && r.ptr == end && out >= 0;
-}
-
-}  // namespace
 
 std::optional<RankFileName> parse_rank_file_name(const std::string& name, const std::string& prefix) {
   const std::string head = prefix + "_world_size_";
@@ -24,11 +15,11 @@ std::optional<RankFileName> parse_rank_file_name(const std::string& name, const 
     return std::nullopt;
   const size_t m = name.find(mid, head.size());
   if (m == std::string::npos) return std::nullopt;
-  RankFileName r;
-  if (!parse_int(name.data() + head.size(), name.data() + m, r.world_size) ||
-      !parse_int(name.data() + m + mid.size(), name.data() + name.size() - tail.size(), r.rank))
-    return std::nullopt;
-  return r;
+  const std::string_view n(name);
+  const auto world_size = parse_decimal(n.substr(head.size(), m - head.size()));
+  const auto rank = parse_decimal(n.substr(m + mid.size(), n.size() - tail.size() - m - mid.size()));
+  if (!world_size || !rank) return std::nullopt;
+  return RankFileName{*world_size, *rank};
 }
 
 std::string rank_file_name(const std::string& prefix, int64_t world_size, int64_t rank) {
@@ -43,9 +34,9 @@ std::optional<MpRankName> parse_mp_rank_dir(const std::string& name) {
   while (pos <= name.size()) {
     size_t next = name.find('_', pos);
     if (next == std::string::npos) next = name.size();
-    int64_t v = 0;
-    if (!parse_int(name.data() + pos, name.data() + next, v)) return std::nullopt;
-    parts.push_back(v);
+    const auto v = parse_decimal(std::string_view(name).substr(pos, next - pos));
+    if (!v) return std::nullopt;
+    parts.push_back(*v);
     pos = next + 1;
   }
   if (parts.empty() || parts.size() > 3) return std::nullopt;
@@ -66,13 +57,12 @@ std::vector<std::string> list_mp_rank_dirs(const std::filesystem::path& model_di
 }
 
 std::optional<int64_t> parse_step_dir(const std::string& name) {
-  for (const std::string prefix : {"global_step_", "global_steps_"}) {
-    int64_t step = 0;
-    if (name.compare(0, prefix.size(), prefix) == 0 &&
-        parse_int(name.data() + prefix.size(), name.data() + name.size(), step))
-      return step;
-  }
+  for (const std::string prefix : {"global_step_", "global_steps_"})
+    if (name.compare(0, prefix.size(), prefix) == 0)
+      if (auto step = parse_decimal(std::string_view(name).substr(prefix.size()))) return step;
   return std::nullopt;
 }
+
+std::optional<int64_t> parse_tracker_step(std::string_view text) { return parse_decimal(trim_whitespace(text)); }
 
 }  // namespace shardmerge::layouts

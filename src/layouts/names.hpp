@@ -5,6 +5,7 @@
 #include <filesystem>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace shardmerge::layouts {
@@ -20,6 +21,9 @@ std::string rank_file_name(const std::string& prefix, int64_t world_size, int64_
 
 // Step directories "global_step_<N>" (and "global_steps_<N>", which some verl versions wrote).
 std::optional<int64_t> parse_step_dir(const std::string& name);
+// latest_checkpointed_iteration.txt: a step number, read as verl reads it with int()
+// (surrounding whitespace allowed).
+std::optional<int64_t> parse_tracker_step(std::string_view text);
 
 // Megatron legacy per-rank directories "mp_rank_<tp:02>[_<pp:03>][_<ep:03>]".
 struct MpRankName {

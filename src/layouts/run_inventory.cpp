@@ -3,13 +3,13 @@
 #include <sys/stat.h>
 
 #include <algorithm>
-#include <charconv>
 #include <filesystem>
 #include <map>
 #include <set>
 
 #include "formats/dcp.hpp"
 #include "layouts/names.hpp"
+#include "util/text.hpp"
 #include "shardmerge/error.hpp"
 #include "util/file.hpp"
 
@@ -170,17 +170,13 @@ RunInventory build_inventory(const RunListing& listing) {
     inv.tracker_problem = "no latest_checkpointed_iteration.txt";
     return inv;
   }
-  // verl reads it with int(): surrounding whitespace is allowed.
-  std::string text = *listing.tracker_text;
-  const auto b = text.find_first_not_of(" \t\r\n");
-  const auto e = text.find_last_not_of(" \t\r\n");
-  text = b == std::string::npos ? "" : text.substr(b, e - b + 1);
-  int64_t step = 0;
-  const auto r = std::from_chars(text.data(), text.data() + text.size(), step);
-  if (text.empty() || r.ec != std::errc() || r.ptr != text.data() + text.size()) {
-    inv.tracker_problem = "latest_checkpointed_iteration.txt does not hold a step number ('" + text + "')";
+  const auto parsed = parse_tracker_step(*listing.tracker_text);
+  if (!parsed) {
+    inv.tracker_problem = "latest_checkpointed_iteration.txt does not hold a step number ('" +
+                          std::string(trim_whitespace(*listing.tracker_text)) + "')";
     return inv;
   }
+  const int64_t step = *parsed;
   inv.tracker_step = step;
   bool found = false;
   for (auto& s : inv.steps)

@@ -12,10 +12,6 @@ std::optional<int64_t> config_int(const nlohmann::ordered_json& config, const ch
   return std::nullopt;
 }
 
-bool ends_with(const std::string& s, const std::string& suffix) {
-  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
-}
-
 std::string shape_text(const std::vector<int64_t>& shape) {
   std::string s = "[";
   for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
@@ -24,7 +20,7 @@ std::string shape_text(const std::vector<int64_t>& shape) {
 
 const NamedShape* find_2d(const std::vector<NamedShape>& tensors, const std::string& suffix) {
   for (const NamedShape& t : tensors)
-    if (ends_with(t.first, suffix) && t.second->size() == 2) return &t;
+    if (t.first.ends_with(suffix) && t.second->size() == 2) return &t;
   return nullptr;
 }
 

@@ -1,7 +1,6 @@
 #include "plan/megatron_names.hpp"
 
 #include <algorithm>
-#include <charconv>
 #include <map>
 #include <optional>
 
@@ -9,6 +8,7 @@
 #include "shardmerge/error.hpp"
 #include "util/json_fields.hpp"
 #include "util/shape.hpp"
+#include "util/text.hpp"
 
 namespace shardmerge {
 namespace {
@@ -83,17 +83,6 @@ const std::vector<Family>& families() {
 
 constexpr const char* kAdapterIn = ".adapter.linear_in.weight";
 constexpr const char* kAdapterOut = ".adapter.linear_out.weight";
-
-bool ends_with(const std::string& s, const std::string& suffix) {
-  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
-}
-
-std::optional<int64_t> parse_index(const std::string& s) {
-  int64_t v = 0;
-  auto r = std::from_chars(s.data(), s.data() + s.size(), v);
-  if (s.empty() || r.ec != std::errc() || r.ptr != s.data() + s.size() || v < 0) return std::nullopt;
-  return v;
-}
 
 int64_t config_int(const nlohmann::ordered_json& c, const char* key, std::optional<int64_t> fallback = std::nullopt) {
   if (c.contains(key) && c[key].is_number_integer()) return c[key].get<int64_t>();
@@ -171,7 +160,7 @@ class Mapper {
     }
     const std::string rest = t.name.substr(prefix.size());
     const size_t dot = rest.find('.');
-    if (auto layer = dot == std::string::npos ? std::nullopt : parse_index(rest.substr(0, dot))) {
+    if (auto layer = dot == std::string::npos ? std::nullopt : parse_decimal(rest.substr(0, dot))) {
       add_layer_key(*layer, rest.substr(dot + 1), t, 0);  // per-layer key: decoder.layers.<l>.<rest>
       return;
     }
@@ -208,7 +197,7 @@ class Mapper {
     if (rest.rfind(sequential, 0) == 0) {  // SequentialMLP: mlp.experts.local_experts.<e>.<rest>
       const std::string tail = rest.substr(sequential.size());
       const size_t dot = tail.find('.');
-      if (auto e = dot == std::string::npos ? std::nullopt : parse_index(tail.substr(0, dot))) {
+      if (auto e = dot == std::string::npos ? std::nullopt : parse_decimal(tail.substr(0, dot))) {
         push(layer, *e, "mlp.experts.*." + tail.substr(dot + 1), t, start, extent, drop);
         return;
       }
@@ -216,7 +205,7 @@ class Mapper {
     if (rest.rfind("mlp.experts.", 0) == 0) {  // already per expert: mlp.experts.<e>.<rest>
       const std::string tail = rest.substr(12);
       const size_t dot = tail.find('.');
-      if (auto e = dot == std::string::npos ? std::nullopt : parse_index(tail.substr(0, dot))) {
+      if (auto e = dot == std::string::npos ? std::nullopt : parse_decimal(tail.substr(0, dot))) {
         push(layer, *e, "mlp.experts.*." + tail.substr(dot + 1), t, start, extent, drop);
         return;
       }
@@ -245,7 +234,7 @@ class Mapper {
     const SourceTensor& t = lt.tensor;
     if (lt.layer < 0) return map_global(t, unknown);
     for (const char* adapter : {kAdapterIn, kAdapterOut})
-      if (ends_with(lt.rest, adapter)) return map_adapter(lt, adapter == kAdapterIn, unknown);
+      if (lt.rest.ends_with(adapter)) return map_adapter(lt, adapter == kAdapterIn, unknown);
     if (const auto i = rule_for(lt.rest)) return map_rows(t, *i, hf_name(lt, *i), Key{1, lt.layer, lt.expert, *i, 0});
     unknown.push_back(t.name);
   }

@@ -7,13 +7,13 @@
 //    norms, routers, row-parallel biases, value heads and expert weights with expert-TP 1 are
 //    replicated (rank 0's copy); everything else concatenates along dim 0.
 #include <algorithm>
-#include <charconv>
 #include <filesystem>
 #include <map>
 #include <optional>
 
 #include "layouts/names.hpp"
 #include "shardmerge/error.hpp"
+#include "util/text.hpp"
 #include "verify/reference_assembly.hpp"
 
 namespace fs = std::filesystem;
@@ -21,18 +21,11 @@ namespace fs = std::filesystem;
 namespace shardmerge {
 namespace {
 
-std::optional<int64_t> number(std::string_view s) {
-  int64_t v = 0;
-  auto r = std::from_chars(s.data(), s.data() + s.size(), v);
-  if (s.empty() || r.ec != std::errc() || r.ptr != s.data() + s.size() || v < 0) return std::nullopt;
-  return v;
-}
-
 // "<n>.<rest>" -> n and rest.
 std::optional<std::pair<int64_t, std::string>> split_index(const std::string& s) {
   const size_t dot = s.find('.');
   if (dot == std::string::npos) return std::nullopt;
-  if (auto n = number(std::string_view(s).substr(0, dot))) return std::make_pair(*n, s.substr(dot + 1));
+  if (auto n = parse_decimal(std::string_view(s).substr(0, dot))) return std::make_pair(*n, s.substr(dot + 1));
   return std::nullopt;
 }
 
@@ -124,7 +117,7 @@ ReferenceSources reference_from_megatron_legacy(const layouts::MegatronRole& rol
           const std::string grouped = "mlp.experts.linear_fc", sequential = "mlp.experts.local_experts.";
           if (rest.rfind(grouped, 0) == 0 && contains(rest, ".weight")) {  // "...linear_fc1.weight<j>"
             const size_t w = rest.find(".weight") + 7;
-            local_expert = number(std::string_view(rest).substr(w));
+            local_expert = parse_decimal(std::string_view(rest).substr(w));
             rest = "mlp.experts.*." + rest.substr(12, w - 12);
           } else if (rest.rfind(sequential, 0) == 0) {
             if (auto j = split_index(rest.substr(sequential.size()))) {

@@ -1,6 +1,5 @@
 #include "verify/reference_model.hpp"
 
-#include <charconv>
 #include <optional>
 #include <span>
 
@@ -8,27 +7,17 @@
 #include "plan/peft_names.hpp"
 #include "shardmerge/error.hpp"
 #include "util/shape.hpp"
+#include "util/text.hpp"
 
 namespace shardmerge {
 namespace {
 
 SourceMap whole(const ReferenceTensor& t) { return {&t, {}, {}, t.shape}; }
 
-std::optional<int64_t> parse_index(const std::string& s) {
-  int64_t v = 0;
-  auto r = std::from_chars(s.data(), s.data() + s.size(), v);
-  if (s.empty() || r.ec != std::errc() || r.ptr != s.data() + s.size() || v < 0) return std::nullopt;
-  return v;
-}
-
 int64_t config_int(const nlohmann::ordered_json& c, const char* key, std::optional<int64_t> fallback = std::nullopt) {
   if (c.contains(key) && c[key].is_number_integer()) return c[key].get<int64_t>();
   if (fallback) return *fallback;
   throw Error(std::string("verify: config.json has no integer '") + key + "'");
-}
-
-bool ends_with(const std::string& s, const std::string& suffix) {
-  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
 
 std::string replace_once(std::string s, const std::string& what, const std::string& with) {
@@ -66,7 +55,7 @@ class MegatronMapper {
       }
       const std::string rest = t.name.substr(prefix.size());
       const std::string first = rest.substr(0, rest.find('.'));
-      if (const auto layer = parse_index(first)) {
+      if (const auto layer = parse_decimal(first)) {
         layer_key(t, {}, *layer, rest.substr(first.size() + 1));
         continue;
       }
@@ -109,7 +98,7 @@ class MegatronMapper {
       if (rest.rfind(p, 0) != 0) continue;
       const std::string tail = rest.substr(p.size());
       const std::string id = tail.substr(0, tail.find('.'));
-      if (const auto e = parse_index(id); e && id.size() < tail.size())
+      if (const auto e = parse_decimal(id); e && id.size() < tail.size())
         return add(t, lead, layer, *e, "mlp.experts.*." + tail.substr(id.size() + 1));
     }
     add(t, lead, layer, -1, rest);
@@ -118,7 +107,7 @@ class MegatronMapper {
   void add(const ReferenceTensor& t, const std::vector<int64_t>& lead, int64_t layer, int64_t expert,
            const std::string& rest) {
     const std::string in = ".adapter.linear_in.weight", out = ".adapter.linear_out.weight";
-    const bool is_a = ends_with(rest, in), is_b = ends_with(rest, out);
+    const bool is_a = rest.ends_with(in), is_b = rest.ends_with(out);
     const std::string weight = is_a || is_b ? rest.substr(0, rest.size() - (is_a ? in : out).size()) + ".weight" : rest;
     const MegatronNameRule* rule = nullptr;
     for (const auto& r : rules_)
