@@ -9,9 +9,11 @@
 namespace shardmerge {
 
 uint64_t parse_size(const std::string& text) {
-  size_t pos = 0;
-  while (pos < text.size() && (std::isdigit(static_cast<unsigned char>(text[pos])) || text[pos] == '.')) ++pos;
-  if (pos == 0) throw usage_error("'" + text + "' is not a size (examples: 5GB, 500MiB, 1073741824)");
+  size_t pos = 0, digits = 0, dots = 0;
+  for (; pos < text.size() && (std::isdigit(static_cast<unsigned char>(text[pos])) || text[pos] == '.'); ++pos)
+    ++(text[pos] == '.' ? dots : digits);
+  // std::stod would throw its own context-free exception for "." or "1.2.3".
+  if (digits == 0 || dots > 1) throw usage_error("'" + text + "' is not a size (examples: 5GB, 500MiB, 1073741824)");
   const double number = std::stod(text.substr(0, pos));
   std::string unit;
   for (size_t i = pos; i < text.size(); ++i)

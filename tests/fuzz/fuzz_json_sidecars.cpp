@@ -20,9 +20,24 @@
 
 namespace fs = std::filesystem;
 
+namespace {
+
+// A directory of this process's own under the temp dir, removed when the fuzzer exits.
+struct ScratchDir {
+  fs::path path;
+  explicit ScratchDir(const std::string& prefix) : path(fs::temp_directory_path() / (prefix + std::to_string(getpid()))) {}
+  ~ScratchDir() {
+    std::error_code ec;
+    fs::remove_all(path, ec);
+  }
+};
+
+}  // namespace
+
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size < 1) return 0;
-  static const fs::path root = fs::temp_directory_path() / ("shardmerge-fuzz-json-" + std::to_string(getpid()));
+  static const ScratchDir scratch_dir("shardmerge-fuzz-json-");
+  const fs::path& root = scratch_dir.path;
   std::error_code ec;
   fs::remove_all(root, ec);
   const std::string text(reinterpret_cast<const char*>(data) + 1, size - 1);

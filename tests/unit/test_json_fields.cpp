@@ -92,6 +92,21 @@ TEST(JsonFields, AnHfConfigThatIsNotAJsonObjectIsReportedWithItsPath) {
   EXPECT_TRUE(layouts::read_hf_tree(d.path().string()).config_problem.empty());
 }
 
+TEST(JsonFields, ImplausibleWorldSizesAreIgnoredNotAllocated) {
+  // fsdp_config.json {"world_size": 10^11} sized a table of 10^11 rank files: std::bad_alloc.
+  test::TempDir d;
+  std::ofstream(d.path() / "fsdp_config.json") << R"({"world_size": 100000000000})";
+  std::ofstream(d.path() / "model_world_size_1_rank_0.pt") << "";
+  std::ofstream(d.path() / "model_world_size_99999999999_rank_0.pt") << "";
+  const auto layout = layouts::detect(d.path().string());
+  const auto& role = std::get<layouts::FsdpRole>(layout.info);
+  EXPECT_EQ(role.world_size, 1);
+  EXPECT_EQ(role.world_size_source, "rank file names");
+  int ignored = 0;
+  for (const auto& w : layout.warnings) ignored += w.find("is not a plausible job size; ignored") != std::string::npos;
+  EXPECT_EQ(ignored, 2);
+}
+
 TEST(JsonFields, HfConfigForTheMegatronMapping) {
   SourceSet empty;
   const json base = {{"architectures", {"Qwen2ForCausalLM"}}, {"num_hidden_layers", 1}, {"hidden_size", 8},
