@@ -1,6 +1,7 @@
 // The CPU executor: a pool of threads pulling Tasks. Runs go file to file (pread + CRC-32
-// [+ cast] + pwrite; copy_file_range for same-dtype runs with --no-crc); slabs gather through bounded staging; LoRA folds run slab by
-// slab through an fp32 sgemm. All staging comes from one budget derived from --memory-limit.
+// [+ cast] + pwrite; copy_file_range for same-dtype runs with --no-crc); slabs gather through
+// bounded staging; LoRA folds run slab by slab through an fp32 sgemm. All staging comes from
+// one budget derived from --memory-limit.
 
 #include <algorithm>
 #include <atomic>
@@ -184,7 +185,8 @@ class CpuRun {
     if (t.src_dtype == out.dtype) {
       auto scope = trace("copy", in_bytes);
       // copy_file_range keeps the bytes in the kernel, where they cannot be checked.
-      if (sources_.checks_reads() || !out_.copy_from(sources_.fds[t.src_file], t.src_offset, out.file, t.dst_offset, in_bytes)) {
+      if (sources_.checks_reads() ||
+          !out_.copy_from(sources_.fds[t.src_file], t.src_offset, out.file, t.dst_offset, in_bytes)) {
         sources_.read(t.src_file, t.src_offset, read.data, in_bytes);
         out_.write(out.file, t.dst_offset, read.data, in_bytes);
       }
