@@ -4,8 +4,6 @@
 // mapping and the dtype rule); the rest is its content, written into a scratch checkpoint
 // directory that `detect` then reads. Any problem must be a shardmerge::Error (exit 1 with
 // the file named), never a stray nlohmann or standard-library exception.
-#include <unistd.h>
-
 #include <cstddef>
 #include <cstdint>
 #include <filesystem>
@@ -18,21 +16,9 @@
 #include "shardmerge/error.hpp"
 #include "util/file.hpp"
 
+#include "scratch_dir.hpp"
+
 namespace fs = std::filesystem;
-
-namespace {
-
-// A directory of this process's own under the temp dir, removed when the fuzzer exits.
-struct ScratchDir {
-  fs::path path;
-  explicit ScratchDir(const std::string& prefix) : path(fs::temp_directory_path() / (prefix + std::to_string(getpid()))) {}
-  ~ScratchDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-};
-
-}  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size < 1) return 0;

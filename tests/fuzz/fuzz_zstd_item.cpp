@@ -3,8 +3,6 @@
 // chunk, as Megatron stacks layers), the rest is the item as stored in the .distcp file.
 // Decoding must stay within the declared bound: the scratch file it writes is never larger
 // than the chunk's storage plus the archive overhead.
-#include <unistd.h>
-
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
@@ -15,21 +13,9 @@
 #include "shardmerge/error.hpp"
 #include "util/file.hpp"
 
+#include "scratch_dir.hpp"
+
 namespace fs = std::filesystem;
-
-namespace {
-
-// A directory of this process's own under the temp dir, removed when the fuzzer exits.
-struct ScratchDir {
-  fs::path path;
-  explicit ScratchDir(const std::string& prefix) : path(fs::temp_directory_path() / (prefix + std::to_string(getpid()))) {}
-  ~ScratchDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-};
-
-}  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size < 1) return 0;

@@ -5,25 +5,14 @@
 
 #include "plan/megatron_names.hpp"
 #include "shardmerge/error.hpp"
+#include "test_support.hpp"
 
 namespace shardmerge {
 namespace {
 
 // A whole, row-major bf16 tensor at `offset` of file 0.
 SourceTensor stored(const std::string& name, std::vector<int64_t> shape, uint64_t offset) {
-  SourceTensor t;
-  t.name = name;
-  t.dtype = DType::BF16;
-  t.shape = shape;
-  Slice s;
-  s.dtype = DType::BF16;
-  s.offset = offset;
-  s.start.assign(shape.size(), 0);
-  s.extent = shape;
-  s.strides.assign(shape.size(), 1);
-  for (size_t d = shape.size(); d-- > 1;) s.strides[d - 1] = s.strides[d] * shape[d];
-  t.pieces.push_back(s);
-  return t;
+  return test::whole_tensor(name, std::move(shape), DType::BF16, offset);
 }
 
 nlohmann::ordered_json qwen2_config() {

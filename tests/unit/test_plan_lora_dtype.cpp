@@ -13,35 +13,15 @@
 #include "plan/lora.hpp"
 #include "plan/peft_names.hpp"
 #include "shardmerge/error.hpp"
+#include "test_support.hpp"
 
 namespace shardmerge {
 namespace {
 
-SourceTensor tensor(const std::string& name, std::vector<int64_t> shape, DType dtype = DType::F32) {
-  SourceTensor t;
-  t.name = name;
-  t.dtype = dtype;
-  t.shape = shape;
-  Slice s;
-  s.dtype = dtype;
-  s.start.assign(shape.size(), 0);
-  s.extent = shape;
-  s.strides.assign(shape.size(), 1);
-  for (size_t d = shape.size(); d-- > 1;) s.strides[d - 1] = s.strides[d] * shape[d];
-  t.pieces.push_back(s);
-  return t;
-}
-
-SourceSet source_set(std::vector<SourceTensor> tensors) {
-  SourceSet set;
-  set.description = "test";
-  SourceFile file;
-  file.path = "/nonexistent/rank0.pt";
-  file.size = 1 << 20;
-  set.files.push_back(file);
-  set.tensors = std::move(tensors);
-  return set;
-}
+const auto tensor = [](const std::string& name, std::vector<int64_t> shape, DType dtype = DType::F32) {
+  return test::whole_tensor(name, std::move(shape), dtype);
+};
+const auto source_set = test::one_file_source_set;
 
 class LoraModes : public ::testing::Test {
  protected:

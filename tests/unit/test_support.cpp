@@ -64,4 +64,31 @@ MergePlan one_file_plan(std::vector<OutputTensor> tensors, std::vector<SourceFil
   return plan;
 }
 
+SourceTensor whole_tensor(const std::string& name, std::vector<int64_t> shape, DType dtype, uint64_t offset) {
+  SourceTensor t;
+  t.name = name;
+  t.dtype = dtype;
+  t.shape = shape;
+  Slice s;
+  s.dtype = dtype;
+  s.offset = offset;
+  s.start.assign(shape.size(), 0);
+  s.extent = shape;
+  s.strides.assign(shape.size(), 1);
+  for (size_t d = shape.size(); d-- > 1;) s.strides[d - 1] = s.strides[d] * shape[d];
+  t.pieces.push_back(s);
+  return t;
+}
+
+SourceSet one_file_source_set(std::vector<SourceTensor> tensors) {
+  SourceSet set;
+  set.description = "test";
+  SourceFile file;
+  file.path = "/nonexistent/rank0.pt";
+  file.size = 1 << 20;
+  set.files.push_back(file);
+  set.tensors = std::move(tensors);
+  return set;
+}
+
 }  // namespace shardmerge::test

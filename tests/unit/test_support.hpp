@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "layouts/sources.hpp"
 #include "shardmerge/plan.hpp"
 
 namespace shardmerge::test {
@@ -51,6 +52,12 @@ struct CommandResult {
 CommandResult run_shardmerge(const std::string& args);
 
 std::string read_file(const std::string& path);
+
+// A whole, row-major tensor stored densely at `offset` of source file 0.
+SourceTensor whole_tensor(const std::string& name, std::vector<int64_t> shape, DType dtype = DType::F32,
+                          uint64_t offset = 0);
+// `tensors` in one source file (a path that does not exist: planning opens no file).
+SourceSet one_file_source_set(std::vector<SourceTensor> tensors);
 
 // A plan writing `tensors` (their copies and folds set by the caller) into one safetensors
 // file, offsets and sizes filled in as the planner would.
