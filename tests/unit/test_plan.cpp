@@ -183,12 +183,7 @@ TEST(PlanBuild, DTypesShardsOffsetsAndIndex) {
   // Sizes as F32 bytes: 24, 24, 8, 24, 8, 8 with a 40-byte limit: huggingface_hub's greedy split.
   SourceSet set = source_set({tensor("a", {6}), tensor("b", {6}), tensor("c", {2}), tensor("d", {6}),
                               tensor("e", {2}), tensor("step", {2}, DType::I64), tensor("huge", {20})});
-  OutputGroup g;
-  g.file_stem = "model";
-  for (const auto& t : set.tensors) g.tensors.push_back({t.name, &t, std::nullopt, false});
-  PlanInput in;
-  in.sources = &set;
-  in.groups.push_back(g);
+  PlanInput in = test::one_group_input(set);
   OutputOptions opt;
   opt.dtype_policy = DTypePolicy::Keep;
   opt.max_shard_size = 40;
@@ -269,12 +264,7 @@ TEST(PlanBuild, CastsFloatsOnlyAndRewritesConfigDtype) {
 TEST(PlanBuild, ComplexTensorsAreRefusedWhateverTheDtypePolicy) {
   for (const DType complex : {DType::C32, DType::C64, DType::C128}) {
     SourceSet set = source_set({tensor("w", {4}), tensor("z", {4}, complex)});
-    OutputGroup g;
-    g.file_stem = "model";
-    for (const auto& t : set.tensors) g.tensors.push_back({t.name, &t, std::nullopt, false});
-    PlanInput in;
-    in.sources = &set;
-    in.groups.push_back(g);
+    const PlanInput in = test::one_group_input(set);
     for (const DTypePolicy policy : {DTypePolicy::Fixed, DTypePolicy::Keep}) {
       OutputOptions opt;
       opt.dtype_policy = policy;

@@ -131,12 +131,7 @@ TEST_F(LoraModes, ARecordedAlphaIsReplacedOnlyOnRequest) {
 // --- dtypes ----------------------------------------------------------------------------------
 
 MergePlan plan_of(const SourceSet& set, const layouts::HfTree& hf, OutputOptions opt) {
-  OutputGroup g;
-  g.file_stem = "model";
-  for (const auto& t : set.tensors) g.tensors.push_back({t.name, &t, std::nullopt, false});
-  PlanInput in;
-  in.sources = &set;
-  in.groups.push_back(g);
+  PlanInput in = test::one_group_input(set);
   in.hf = &hf;
   return build_plan(in, opt);
 }

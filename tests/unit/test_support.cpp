@@ -91,4 +91,14 @@ SourceSet one_file_source_set(std::vector<SourceTensor> tensors) {
   return set;
 }
 
+PlanInput one_group_input(const SourceSet& set) {
+  OutputGroup g;
+  g.file_stem = "model";
+  for (const auto& t : set.tensors) g.tensors.push_back({t.name, &t, std::nullopt, false});
+  PlanInput in;
+  in.sources = &set;
+  in.groups.push_back(std::move(g));
+  return in;
+}
+
 }  // namespace shardmerge::test

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "layouts/sources.hpp"
+#include "plan/build.hpp"
 #include "shardmerge/plan.hpp"
 
 namespace shardmerge::test {
@@ -58,6 +59,9 @@ SourceTensor whole_tensor(const std::string& name, std::vector<int64_t> shape, D
                           uint64_t offset = 0);
 // `tensors` in one source file (a path that does not exist: planning opens no file).
 SourceSet one_file_source_set(std::vector<SourceTensor> tensors);
+
+// Planner input with one output group, "model", that writes every tensor of `set` as it is named.
+PlanInput one_group_input(const SourceSet& set);
 
 // A plan writing `tensors` (their copies and folds set by the caller) into one safetensors
 // file, offsets and sizes filled in as the planner would.
