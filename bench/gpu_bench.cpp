@@ -1,6 +1,7 @@
 // shardmerge-gpu-bench: the CUDA executor against the CPU executor on a synthetic verl FSDP2
 // checkpoint, beside the copy ceilings that bound it, printed as an nccl-tests-style table:
 //   1. H2D and D2H bandwidth from pinned memory (cudaMemcpyAsync, timed with events);
+//   1b. the cast and gather kernels against a device-to-device cudaMemcpy (bytes read + written);
 //   2. merge GB/s (bytes read + written per second) of each executor, fp32 shards to bf16;
 //   3. the same with PEFT LoRA (rank 64) folded into W: GB/s and fold TFLOP/s.
 // Each executor writes into a sink that keeps nothing, so the numbers are read + compute +
@@ -21,7 +22,9 @@
 
 #include "exec/convert_cpu.hpp"
 #include "exec/cuda/cuda_executor.hpp"
+#include "kernels/cublas_api.hpp"
 #include "kernels/cuda_check.hpp"
+#include "kernels/kernels.hpp"
 #include "plan/planner.hpp"
 #include "shardmerge/error.hpp"
 #include "synthetic_fsdp.hpp"
@@ -97,6 +100,155 @@ void copy_ceilings(Report& report, int reps) {
   cudaStreamDestroy(stream);
   cudaFree(dev);
   cudaFreeHost(host);
+}
+
+// ---- 1b. kernels against the device-memory ceiling -------------------------------------------
+
+// Median milliseconds of `enqueue` on `stream`, timed with events, after 2 warm-ups.
+template <class Enqueue>
+double time_on_stream(cudaStream_t stream, int reps, Enqueue&& enqueue) {
+  cudaEvent_t start, stop;
+  cuda::check(cudaEventCreate(&start), "cudaEventCreate");
+  cuda::check(cudaEventCreate(&stop), "cudaEventCreate");
+  std::vector<double> ms;
+  for (int i = 0; i < reps + 2; ++i) {
+    cuda::check(cudaEventRecord(start, stream), "cudaEventRecord");
+    enqueue();
+    cuda::check(cudaEventRecord(stop, stream), "cudaEventRecord");
+    cuda::check(cudaEventSynchronize(stop), "cudaEventSynchronize");
+    float t = 0;
+    cuda::check(cudaEventElapsedTime(&t, start, stop), "cudaEventElapsedTime");
+    if (i >= 2) ms.push_back(t);
+  }
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  return median(ms);
+}
+
+// The kernel's output (poisoned before the timed runs) against the CPU's conversion of the same
+// input: a rate is printed only for a kernel that wrote every byte right.
+void expect_equal_on_device(const void* dev, const std::vector<uint8_t>& want, const char* what) {
+  std::vector<uint8_t> got(want.size());
+  cuda::check(cudaMemcpy(got.data(), dev, got.size(), cudaMemcpyDeviceToHost), "cudaMemcpy");
+  if (got != want) throw Error(std::string(what) + ": the kernel's output differs from the CPU's conversion");
+}
+
+// 64 Mi fp32 elements (256 MiB, several times the L2) of random finite values: cudaMemcpy D2D;
+// the cast kernel fp32 -> bf16; the gather kernel joining two TP halves [8192, 4096] along dim 1
+// into [8192, 8192] bf16 (strided writes, as a TP merge does).
+void kernel_rates(Report& report, int reps) {
+  const uint64_t rows = 8192, cols = 8192, n = rows * cols, half = cols / 2;
+  std::vector<float> input(n);
+  uint32_t x = 2463534242u;
+  for (float& v : input) {
+    x ^= x << 13;
+    x ^= x >> 17;
+    x ^= x << 5;
+    v = static_cast<float>(static_cast<int32_t>(x)) * 1e-9f;
+  }
+  void* src = nullptr;
+  void* dst = nullptr;
+  kernels::RegionCopy* regions_dev = nullptr;
+  cuda::check(cudaMalloc(&src, n * 4), "cudaMalloc");
+  cuda::check(cudaMalloc(&dst, n * 4), "cudaMalloc");
+  cuda::check(cudaMalloc(reinterpret_cast<void**>(&regions_dev), 2 * sizeof(kernels::RegionCopy)), "cudaMalloc");
+  cuda::check(cudaMemcpy(src, input.data(), n * 4, cudaMemcpyHostToDevice), "cudaMemcpy");
+  cudaStream_t stream;
+  cuda::check(cudaStreamCreate(&stream), "cudaStreamCreate");
+  report.line("#");
+  report.line("# device kernels: 64 Mi random fp32 elements, median of %d after 2 warm-ups; GB/s = bytes read + written", reps);
+  report.line("#%-40s %12s %10s %12s", "op", "time(us)", "GB/s", "vs memcpy");
+  auto row = [&](const char* op, uint64_t bytes, double ms, double ceiling_gbps) {
+    const double gbps = static_cast<double>(bytes) / (ms * 1e-3) / 1e9;
+    report.line(" %-40s %12.1f %10.1f %11.0f%%", op, ms * 1e3, gbps, ceiling_gbps > 0 ? 100.0 * gbps / ceiling_gbps : 100.0);
+    return gbps;
+  };
+
+  const double copy_ms = time_on_stream(stream, reps, [&] {
+    cuda::check(cudaMemcpyAsync(dst, src, n * 4, cudaMemcpyDeviceToDevice, stream), "cudaMemcpyAsync");
+  });
+  const double ceiling = row("cudaMemcpy D2D fp32", 2 * n * 4, copy_ms, 0);
+
+  std::vector<uint8_t> want(n * 2);
+  convert_elements(input.data(), DType::F32, 1, want.data(), DType::BF16, n);
+  cuda::check(cudaMemset(dst, 0xFF, n * 4), "cudaMemset");
+  const double cast_ms = time_on_stream(stream, reps, [&] { kernels::launch_cast(src, DType::F32, dst, DType::BF16, n, stream); });
+  expect_equal_on_device(dst, want, "cast fp32 -> bf16");
+  row("cast kernel fp32 -> bf16", n * 4 + n * 2, cast_ms, ceiling);
+
+  // Region k is column half k: staged contiguously as [rows, half], landing at column k * half.
+  kernels::RegionCopy regions[2];
+  const int64_t extent[2] = {static_cast<int64_t>(rows), static_cast<int64_t>(half)};
+  const int64_t src_strides[2] = {static_cast<int64_t>(half), 1};
+  const int64_t dst_strides[2] = {static_cast<int64_t>(cols), 1};
+  for (int k = 0; k < 2; ++k) {
+    regions[k] = kernels::describe_region(DType::F32, extent, src_strides, dst_strides, 2, k * rows * half * 4,
+                                 static_cast<int64_t>(k * half));
+    convert_box(input.data() + k * rows * half, DType::F32, src_strides, want.data() + k * half * 2, DType::BF16,
+                dst_strides, extent, 2);
+  }
+  cuda::check(cudaMemcpy(regions_dev, regions, sizeof regions, cudaMemcpyHostToDevice), "cudaMemcpy");
+  cuda::check(cudaMemset(dst, 0xFF, n * 4), "cudaMemset");
+  const double gather_ms = time_on_stream(stream, reps, [&] {
+    kernels::launch_gather_box(regions_dev, 2, rows * half, static_cast<const uint8_t*>(src), dst, DType::BF16, stream);
+  });
+  expect_equal_on_device(dst, want, "gather fp32 -> bf16");
+  row("gather kernel, 2 TP halves -> bf16", n * 4 + n * 2, gather_ms, ceiling);
+
+  // The fold: W [rows, cols] fp32 += scale * B [rows, rank] @ A [rank, cols], rank 64, in place
+  // (W read and written: memory-bound at this rank). 16 rows are checked in double on the CPU.
+  const int64_t rank = 64;
+  std::vector<float> lora(rank * (rows + cols));
+  for (float& v : lora) {
+    x ^= x << 13;
+    x ^= x >> 17;
+    x ^= x << 5;
+    v = static_cast<float>(static_cast<int32_t>(x)) * 2e-10f;
+  }
+  float* lora_dev = nullptr;
+  cuda::check(cudaMalloc(reinterpret_cast<void**>(&lora_dev), lora.size() * 4), "cudaMalloc");
+  cuda::check(cudaMemcpy(lora_dev, lora.data(), lora.size() * 4, cudaMemcpyHostToDevice), "cudaMemcpy");
+  cublasHandle_t handle = nullptr;
+  cuda::check(cuda::cublas().create(&handle), "cublasCreate");
+  cuda::check(cuda::cublas().set_stream(handle, stream), "cublasSetStream");
+  kernels::LoraProduct fold;
+  fold.rows = static_cast<int64_t>(rows);
+  fold.cols = static_cast<int64_t>(cols);
+  fold.rank = rank;
+  fold.scale = 0.5f;
+  fold.part = lora_dev;
+  fold.resident = lora_dev + rank * rows;
+  fold.w = static_cast<float*>(dst);
+  // Each timed fold starts from W = the input (a D2D copy, timed alone too and subtracted).
+  const double fold_and_copy_ms = time_on_stream(stream, reps, [&] {
+    cuda::check(cudaMemcpyAsync(dst, src, n * 4, cudaMemcpyDeviceToDevice, stream), "cudaMemcpyAsync");
+    kernels::lora_accumulate(handle, fold);
+  });
+  std::vector<float> folded(cols);
+  for (uint64_t r = 0; r < rows; r += rows / 16) {
+    cuda::check(cudaMemcpy(folded.data(), static_cast<float*>(dst) + r * cols, cols * 4, cudaMemcpyDeviceToHost),
+                "cudaMemcpy");
+    for (uint64_t c = 0; c < cols; ++c) {
+      double acc = 0;
+      for (int64_t k = 0; k < rank; ++k)
+        acc += static_cast<double>(lora[r * rank + k]) * static_cast<double>(lora[rank * rows + k * cols + c]);
+      const double want_w = static_cast<double>(input[r * cols + c]) + 0.5 * acc;
+      if (std::abs(folded[c] - want_w) > 1e-5 * std::max(1.0, std::abs(want_w)))
+        throw Error("cuBLAS fold: W[" + std::to_string(r) + "," + std::to_string(c) + "] is " + std::to_string(folded[c]) +
+                    ", the CPU's double-precision fold gives " + std::to_string(want_w));
+    }
+  }
+  const double fold_only_ms = std::max(fold_and_copy_ms - copy_ms, 1e-6);
+  row("cuBLAS fold r=64 (W read + written)", 2 * n * 4, fold_only_ms, ceiling);
+  report.line("#%-40s %12s %10.1f %s", "", "TFLOP/s", 2.0 * static_cast<double>(n) * rank / (fold_only_ms * 1e-3) / 1e12,
+              "(fold time = copy+fold minus copy)");
+  cuda::check(cuda::cublas().destroy(handle), "cublasDestroy");
+  cudaFree(lora_dev);
+
+  cudaStreamDestroy(stream);
+  cudaFree(regions_dev);
+  cudaFree(dst);
+  cudaFree(src);
 }
 
 // ---- 2./3. merges ----------------------------------------------------------------------------
@@ -246,6 +398,7 @@ int main(int argc, char** argv) {
     auto gpu = make_cuda_executor({}, gpu_memory == "auto" ? 0 : parse_size(gpu_memory));
     report.line("# shardmerge-gpu-bench: %s, %u host threads", gpu->name().c_str(), std::thread::hardware_concurrency());
     copy_ceilings(report, copy_reps);
+    kernel_rates(report, copy_reps);
     ExecOptions options;
     options.threads = threads;
     options.memory_limit = parse_size(memory_limit);

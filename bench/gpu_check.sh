@@ -4,6 +4,12 @@
 # GPU, then the GPU benchmark table. Fits a 10-minute window on one H200: build ~3 min on 16
 # cores, tests < 1 min, benchmark ~3 min.
 #   bash bench/gpu_check.sh    # results under $OUT (default ./gpu-check-out)
+# A machine that cannot install packages (the lent GPU machines reach no registry) can be given a
+# prebuilt build instead: $BUILD_DIR holding shardmerge, tests/shardmerge_unit_tests,
+# bench/shardmerge-gen, bench/shardmerge-gpu-bench and lib/ (shared libraries the machine lacks)
+# but no CMakeCache.txt is used as it is. SHARDMERGE_FIXTURES (default build/fixtures, from
+# tests/fixtures/generate.py) adds the fixture suite: every real fixture merged on the GPU under
+# compute-sanitizer memcheck, compared with the CPU executor's tree (tests/e2e/test_cuda_fixtures.py).
 # Writes $OUT/gpu_check.txt (one table: every step and every suite run, with counts) and
 # $OUT/gpu_check.json (the same as data), beside the logs. The suites are the ones
 # `--gtest_list_tests` lists whose names say CUDA, GPU, kernel or device, so a suite added or
@@ -26,21 +32,33 @@ else
   echo "gpu_check: NO GPU PRESENT ($why): the GPU tests will skip and the GPU steps will not run" | tee "$OUT/gpu.txt"
 fi
 
-missing=()
-for p in cmake pkg-config nlohmann-json3-dev libcli11-dev libgtest-dev libopenblas-dev libzstd-dev libisal-dev zlib1g-dev; do
-  dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")
-done
-if [ ${#missing[@]} -gt 0 ]; then
-  echo "gpu_check: installing ${missing[*]}"
-  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
-fi
+# cuBLAS is loaded at run time (kernels/cublas_api.cpp): find it where the toolkit or a wheel put it.
+cublas=$(find /usr/local/cuda*/lib64 /usr/local/cuda*/targets/*/lib /usr/lib/x86_64-linux-gnu /opt \
+  -name 'libcublas.so.1[0-9]*' 2>/dev/null | head -1)
+export LD_LIBRARY_PATH="$PWD/$BUILD_DIR/lib${cublas:+:$(dirname "$cublas")}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+echo "gpu_check: cuBLAS ${cublas:-not found}"
 
-echo "== build (CUDA ON, sm_90)"
 build_rc=0
-cmake -S . -B "$BUILD_DIR" -DCMAKE_BUILD_TYPE=Release -DSHARDMERGE_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 \
-  >"$OUT/cmake.log" 2>&1 || { tail -30 "$OUT/cmake.log"; build_rc=1; }
-if [ "$build_rc" = 0 ]; then
-  cmake --build "$BUILD_DIR" -j "$(nproc)" >"$OUT/build.log" 2>&1 || { grep -E "error" "$OUT/build.log" | head -30; build_rc=1; }
+if [ -x "$BUILD_DIR/shardmerge" ] && [ ! -f "$BUILD_DIR/CMakeCache.txt" ]; then
+  build="prebuilt"
+  echo "== prebuilt binaries in $BUILD_DIR"
+  "$BUILD_DIR/shardmerge" --version >"$OUT/build.log" 2>&1 || { cat "$OUT/build.log"; build_rc=1; }
+else
+  build="built"
+  missing=()
+  for p in cmake pkg-config nlohmann-json3-dev libcli11-dev libgtest-dev libopenblas-dev libzstd-dev libisal-dev zlib1g-dev; do
+    dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")
+  done
+  if [ ${#missing[@]} -gt 0 ]; then
+    echo "gpu_check: installing ${missing[*]}"
+    timeout 120 apt-get update -qq && DEBIAN_FRONTEND=noninteractive timeout 300 apt-get install -y -qq "${missing[@]}" >/dev/null
+  fi
+  echo "== build (CUDA ON, sm_90)"
+  cmake -S . -B "$BUILD_DIR" -DCMAKE_BUILD_TYPE=Release -DSHARDMERGE_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 \
+    >"$OUT/cmake.log" 2>&1 || { tail -30 "$OUT/cmake.log"; build_rc=1; }
+  if [ "$build_rc" = 0 ]; then
+    cmake --build "$BUILD_DIR" -j "$(nproc)" >"$OUT/build.log" 2>&1 || { grep -E "error" "$OUT/build.log" | head -30; build_rc=1; }
+  fi
 fi
 
 # --- unit suites: every CUDA / GPU / kernel / device suite the binary lists
@@ -57,7 +75,7 @@ if [ "$build_rc" = 0 ]; then
   else
     echo "== GPU unit tests: ${suites[*]}"
     filter=$(printf '%s.*:' "${suites[@]}")
-    "$unit_bin" --gtest_filter="${filter%:}" 2>&1 | tee "$OUT/unit.log" | grep -E '^\[  (FAILED|PASSED|SKIPPED) |tests? ran' | tail -25
+    SHARDMERGE_FIXTURES=${SHARDMERGE_FIXTURES:-$PWD/build/fixtures} SHARDMERGE_BIN="$PWD/$BUILD_DIR/shardmerge" "$unit_bin" --gtest_filter="${filter%:}" 2>&1 | tee "$OUT/unit.log" | grep -E '^\[  (FAILED|PASSED|SKIPPED) |tests? ran' | tail -25
     unit_rc=${PIPESTATUS[0]}
   fi
 fi
@@ -73,6 +91,21 @@ if [ "$gpu" != none ] && [ "$build_rc" = 0 ]; then
     "$BUILD_DIR/shardmerge" merge --local_dir "$work/ckpt" --target_dir "$work/out" --force --device cuda --lora fold \
       --memory-limit 2GiB --verify 2>&1 | tee "$OUT/cli.log" | tail -4
   cli_rc=${PIPESTATUS[0]}
+fi
+
+# --- the fixture suite: every real fixture on the GPU, under memcheck where compute-sanitizer is
+fixtures_rc=skipped
+fixtures=${SHARDMERGE_FIXTURES:-$PWD/build/fixtures}
+if [ "$gpu" != none ] && [ "$build_rc" = 0 ] && [ -f "$fixtures/manifest.json" ]; then
+  wrapper=""
+  if command -v compute-sanitizer >/dev/null; then
+    wrapper="compute-sanitizer --tool memcheck --error-exitcode 86 --print-limit 20"
+  fi
+  echo "== fixture suite on the GPU (${wrapper:-no compute-sanitizer: plain})"
+  SHARDMERGE_GPU_WRAPPER="$wrapper" SHARDMERGE_FIXTURES="$fixtures" SHARDMERGE_BIN="$PWD/$BUILD_DIR/shardmerge" \
+    PYTHONDONTWRITEBYTECODE=1 python3 -m pytest -q -ra -p no:cacheprovider tests/e2e/test_cuda_fixtures.py \
+    2>&1 | tee "$OUT/fixtures.log" | tail -15
+  fixtures_rc=${PIPESTATUS[0]}
 fi
 
 # --- the benchmark
@@ -97,7 +130,7 @@ counts_of() {
 {
   printf '%-34s %-16s %7s %7s %8s\n' "step / suite" "status" "passed" "failed" "skipped"
   printf '%-34s %-16s\n' "gpu" "$gpu"
-  printf '%-34s %-16s\n' "build ($BUILD_DIR)" "$(status_of "$build_rc")"
+  printf '%-34s %-16s\n' "build ($BUILD_DIR, $build)" "$(status_of "$build_rc")"
   for s in "${suites[@]}"; do
     read -r p f k < <(counts_of "$s")
     st=passed; [ "$f" != 0 ] && st=failed; [ "$p" = 0 ] && [ "$f" = 0 ] && st=skipped
@@ -105,6 +138,8 @@ counts_of() {
   done
   printf '%-34s %-16s\n' "unit tests (all suites above)" "$(status_of "$unit_rc")"
   printf '%-34s %-16s\n' "cli merge --device cuda --verify" "$(status_of "$cli_rc")"
+  printf '%-34s %-16s %s\n' "fixtures on the GPU (memcheck)" "$(status_of "$fixtures_rc")" \
+    "$(grep -oE '[0-9]+ (passed|failed|skipped|error)' "$OUT/fixtures.log" 2>/dev/null | tr '\n' ' ')"
   printf '%-34s %-16s %s\n' "benchmark" "$(status_of "$bench_rc")" "$([ -f "$OUT/table.txt" ] && echo "(table.txt)")"
 } > "$OUT/gpu_check.txt"
 {
@@ -116,7 +151,8 @@ counts_of() {
     printf '%s\n    {"suite": "%s", "passed": %s, "failed": %s, "skipped": %s}' "$sep" "$s" "$p" "$f" "$k"
     sep=","
   done
-  printf '\n  ]},\n  "cli": "%s",\n  "benchmark": "%s"\n}\n' "$(status_of "$cli_rc")" "$(status_of "$bench_rc")"
+  printf '\n  ]},\n  "cli": "%s",\n  "fixtures": "%s",\n  "benchmark": "%s"\n}\n' "$(status_of "$cli_rc")" \
+    "$(status_of "$fixtures_rc")" "$(status_of "$bench_rc")"
 } > "$OUT/gpu_check.json"
 cat "$OUT/gpu_check.txt"
 
@@ -124,5 +160,5 @@ if [ "$gpu" = none ]; then
   echo "gpu_check: NO GPU PRESENT: nothing ran on a GPU (build rc=$build_rc, unit rc=$unit_rc); results in $OUT"
   exit 3
 fi
-echo "gpu_check: build=$build_rc unit=$unit_rc cli=$cli_rc bench=$bench_rc; results in $OUT"
-[ "$build_rc" = 0 ] && [ "$unit_rc" = 0 ] && [ "$cli_rc" = 0 ] && [ "$bench_rc" = 0 ]
+echo "gpu_check: build=$build_rc unit=$unit_rc cli=$cli_rc fixtures=$fixtures_rc bench=$bench_rc; results in $OUT"
+[ "$build_rc" = 0 ] && [ "$unit_rc" = 0 ] && [ "$cli_rc" = 0 ] && [ "$fixtures_rc" = 0 ] && [ "$bench_rc" = 0 ]

@@ -110,7 +110,7 @@ int write_merge(const std::function<PlannedMerge()>& make_plan, const ExecCliOpt
   const std::optional<dist::LaunchInfo> launch = dist::launch_from_environment();
   // Under a launcher, `--device cuda` means this process's own GPU, one process per GPU.
   const std::string device = launch && o.device == "cuda" ? "cuda:" + std::to_string(launch->local_rank) : o.device;
-  ChosenExecutor chosen = choose_executor(device, o.gpu_memory);
+  parse_device(device);  // a misspelt --device fails before planning
   ExecOptions exec;
   exec.threads = o.threads;
   exec.memory_limit = parse_size(o.memory_limit);
@@ -118,6 +118,8 @@ int write_merge(const std::function<PlannedMerge()>& make_plan, const ExecCliOpt
   exec.trace = &trace;
   if (launch) {
     if (!o.profile.empty()) throw usage_error("--profile is not available in a multi-process merge");
+    // Each process plans later, inside the group: `auto` weighs the cores only.
+    ChosenExecutor chosen = choose_executor(device, o.gpu_memory, Workload{0, 0, o.threads});
     dist::ProcessGroup group(*launch);
     return write_merge_distributed(group, make_plan, o, *chosen.executor, exec);
   }
@@ -130,6 +132,7 @@ int write_merge(const std::function<PlannedMerge()>& make_plan, const ExecCliOpt
   }
   const double plan_secs = seconds_since(plan_start);
   const MergePlan& plan = pm.plan;
+  ChosenExecutor chosen = choose_executor(device, o.gpu_memory, workload_of(plan, o.threads));
   for (const auto& w : plan.warnings) std::fprintf(stderr, "shardmerge: warning: %s\n", w.c_str());
   if (!o.json) {
     std::printf("shardmerge: %s\n  source: %s\n  executor: %s\n", plan.layout.c_str(), pm.role_dir.c_str(),

@@ -61,7 +61,7 @@ void add_device_options(CLI::App* cmd, std::string& device, std::string& gpu_mem
 // A byte size as parse_size reads it ("5GB", "500MiB"), positive; "auto" too where allowed. A bad
 // value fails parsing, so the error names the flag and exits 2.
 CLI::Validator byte_size_check(bool allow_auto = false);
-ChosenExecutor choose_executor(const std::string& device, const std::string& gpu_memory);
+ChosenExecutor choose_executor(const std::string& device, const std::string& gpu_memory, const Workload& workload);
 // Plans (timed as the "plan" phase), writes the output tree, optionally verifies, prints the summary.
 int write_merge(const std::function<PlannedMerge()>& make_plan, const ExecCliOptions& o);
 

@@ -98,6 +98,7 @@ _SELECTORS = {
     "verl_fx": ("fixtures", lambda f: f["kind"] == "fsdp" and bool(f.get("verl_ref"))),
     "peft_fx": ("fixtures", lambda f: f["kind"] == "peft_adapter"),
     "megatron_fx": ("fixtures", lambda f: f["kind"] == "megatron" and f.get("status") == "ok"),
+    "merge_fx": ("fixtures", lambda f: f["kind"] in ("fsdp", "megatron") and f.get("status", "ok") == "ok"),
     "hostile_fx": ("hostile", lambda f: True),
     "hostile_pt_fx": ("hostile", lambda f: f["file"].endswith(".pt")),
     "hostile_st_fx": ("hostile", lambda f: f["file"].endswith(".safetensors")),

@@ -174,6 +174,22 @@ def max_abs(a, b):
 
 
 # ---------------------------------------------------------------------------------------------
+# merge options
+
+
+def megatron_merge_args(fixtures, fx):
+    """--hf_model_path where the save has no HF config (verl's dist-only saves)."""
+    args = ["--backend", "megatron"]
+    if not fx.get("hf_config_dir"):
+        args += ["--hf_model_path", fixtures / fx["hf_config_dir_fallback"]]
+    if fx.get("value_model"):
+        args += ["--is-value-model"]
+    if fx.get("lora"):  # verl does not record Megatron LoRA's alpha in the checkpoint
+        args += ["--lora-alpha", str(fx["lora"]["alpha"])]
+    return args
+
+
+# ---------------------------------------------------------------------------------------------
 # files
 
 

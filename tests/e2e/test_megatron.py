@@ -9,19 +9,7 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("safetensors")
 
 from e2e_util import (assert_tensors_bitwise, error_lines, hf_tensor_names, leftovers, load_hf, load_st,  # noqa: E402
-                      max_abs, ulp_distance)
-
-
-def merge_args(fixtures, fx):
-    """--hf_model_path where the save has no HF config (verl's dist-only saves)."""
-    args = ["--backend", "megatron"]
-    if not fx.get("hf_config_dir"):
-        args += ["--hf_model_path", fixtures / fx["hf_config_dir_fallback"]]
-    if fx.get("value_model"):
-        args += ["--is-value-model"]
-    if fx.get("lora"):  # verl does not record Megatron LoRA's alpha in the checkpoint
-        args += ["--lora-alpha", str(fx["lora"]["alpha"])]
-    return args
+                      max_abs, megatron_merge_args, ulp_distance)
 
 
 # The base weights, whether or not the fixture has LoRA adapters (they have their own tests).
@@ -47,7 +35,7 @@ def merged_megatron(run, fixtures, tmp_path_factory):
         if key not in cache:
             out = root / f"m{len(cache):03d}"
             run("merge", "--local_dir", fixtures / fx["role_dir"], "--target_dir", out,
-                *merge_args(fixtures, fx), *options)
+                *megatron_merge_args(fixtures, fx), *options)
             cache[key] = out
         return cache[key]
 
@@ -128,7 +116,7 @@ def test_inspect_lists_dist_ckpt_tensors(manifest, fixtures, run):
 def test_verify_against_expected(megatron_fx, fixtures, run):
     if megatron_fx.get("value_model"):
         pytest.skip("the expected tree names the value head lm_head.weight (mbridge), we write score.weight")
-    args = merge_args(fixtures, megatron_fx)
+    args = megatron_merge_args(fixtures, megatron_fx)
     proc = run("verify", "--local_dir", fixtures / megatron_fx["role_dir"], "--test_hf_dir",
                fixtures / megatron_fx["expected"], "--dtype", "keep", *BASE, *args, check=False)
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -185,7 +173,7 @@ def test_lora_adapter_export_reproduces_the_fold(manifest, fixtures, merged_mega
 
 def test_lora_without_alpha_says_how_to_pass_it(manifest, fixtures, run, tmp_path):
     fx = lora_fixture(manifest)
-    args = [a for a in merge_args(fixtures, fx)]
+    args = [a for a in megatron_merge_args(fixtures, fx)]
     i = args.index("--lora-alpha")
     del args[i:i + 2]
     proc = run("merge", "--local_dir", fixtures / fx["role_dir"], "--target_dir", tmp_path / "out", *args, check=False)

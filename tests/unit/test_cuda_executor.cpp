@@ -122,7 +122,7 @@ class CudaExecutorTest : public ::testing::Test {
   MergePlan mixed_plan(DType out) {
     const uint32_t r0 = add_source(DType::F32, 300 * 256, 1), r1 = add_source(DType::F32, 300 * 256, 2);
     const uint32_t t0 = add_source(DType::BF16, 256 * 200, 3), t1 = add_source(DType::BF16, 256 * 200, 4);
-    const uint32_t tr = add_source(DType::F16, 300 * 128, 5), qkv = add_source(DType::BF16, 8 * 64 * 96, 6);
+    const uint32_t tr = add_source(DType::F16, 300 * 128, 5), qkv = add_source(DType::BF16, 8 * 4 * 64 * 96, 6);
     const uint32_t f64 = add_source(DType::F64, 100 * 50, 7), f8 = add_source(DType::F8_E4M3, 64 * 64, 8);
     const uint32_t ints = add_source(DType::I64, 1000, 9), scalar = add_source(DType::BF16, 1, 10);
     std::vector<OutputTensor> tensors;

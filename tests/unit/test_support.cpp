@@ -5,6 +5,7 @@
 
 #include <array>
 #include <atomic>
+#include <cstdlib>
 #include <cstdio>
 #include <fstream>
 #include <sstream>
@@ -28,7 +29,9 @@ TempDir::~TempDir() {
 
 CommandResult run_shardmerge(const std::string& args) {
   CommandResult r;
-  const std::string cmd = std::string(SHARDMERGE_BIN) + " " + args + " 2>&1";
+  // SHARDMERGE_BIN in the environment wins: a build carried to another machine runs from another path.
+  const char* env_bin = std::getenv("SHARDMERGE_BIN");
+  const std::string cmd = std::string(env_bin && *env_bin ? env_bin : SHARDMERGE_BIN) + " " + args + " 2>&1";
   FILE* pipe = ::popen(cmd.c_str(), "r");
   if (!pipe) return r;
   std::array<char, 4096> buf{};

@@ -11,8 +11,11 @@
 namespace shardmerge::cuda {
 namespace {
 
-// Reads of one fill are split or batched into jobs of about this size for the I/O pool.
-constexpr uint64_t kReadJobBytes = 4ull << 20;
+// Reads of one fill are split or batched into jobs for the I/O pool: one per pool thread, of
+// 256 KiB to 4 MiB. An FSDP piece is often a few MiB: read as one job it ran at one thread's
+// page-cache copy rate (5.6 GB/s on an H200 node, measured), the whole pipeline's limit.
+constexpr uint64_t kMinReadJobBytes = 256ull << 10;
+constexpr uint64_t kMaxReadJobBytes = 4ull << 20;
 constexpr uint64_t kNoNonFinite = ~0ull;
 
 }  // namespace
@@ -83,11 +86,13 @@ DeviceRunner::~DeviceRunner() {
 }
 
 void DeviceRunner::run(const std::vector<Task>& tasks) {
-  for (const Task& t : tasks) {
+  for (size_t i = 0; i < tasks.size();) {
     if (run_.failed()) break;
+    const Task& t = tasks[i];
+    size_t done = 1;
     try {
       switch (t.kind) {
-        case Task::Kind::Run: run_task(t); break;
+        case Task::Kind::Run: done = run_tasks(tasks, i); break;
         case Task::Kind::Slab: slab_task(t); break;
         case Task::Kind::Fold: fold_task(t); break;
       }
@@ -95,17 +100,17 @@ void DeviceRunner::run(const std::vector<Task>& tasks) {
       e.tensor(run_.plan.tensors[t.tensor].name);
       throw;
     }
+    i += done;
   }
-  wait_for_writes();
 }
 
-void DeviceRunner::run_task(const Task& t) {
+size_t DeviceRunner::run_tasks(const std::vector<Task>& tasks, size_t first) {
+  const Task& t = tasks[first];
   const OutputTensor& out = run_.plan.tensors[t.tensor];
-  const uint64_t in_bytes = t.count * dtype_size(t.src_dtype);
-  const Output where{t.tensor, out.file, t.dst_offset, t.count * dtype_size(out.dtype)};
   Lease lease(*this, acquire_output());
-  run_.bytes_read += in_bytes;
   if (t.src_dtype == out.dtype) {
+    const Output where{t.tensor, out.file, t.dst_offset, t.count * dtype_size(out.dtype)};
+    run_.bytes_read += t.count * dtype_size(t.src_dtype);
     // Nothing to convert: the bytes go file to file on an I/O thread and never near the GPU.
     in_background(lease, t.tensor, [this, t, where](OutputSlot& o) {
       if (run_.failed()) return;
@@ -119,15 +124,34 @@ void DeviceRunner::run_task(const Task& t) {
         write(where, o.host.data());
       }
     });
-    return;
+    return 1;
   }
+  // Consecutive casts of one tensor whose outputs adjoin (an FSDP tensor's rank pieces, often a
+  // few MiB each) share one fill, one kernel and one download: per-fill costs (event waits, pool
+  // hand-offs) dominated when each piece went alone.
+  const uint64_t in_size = dtype_size(t.src_dtype), out_size = dtype_size(out.dtype);
+  std::vector<FillRead> reads;
+  uint64_t count = 0;
+  size_t n = 0;
+  for (; first + n < tasks.size(); ++n) {
+    const Task& next = tasks[first + n];
+    const bool joins = n == 0 || (next.kind == Task::Kind::Run && next.tensor == t.tensor &&
+                                  next.src_dtype == t.src_dtype && next.dst_offset == t.dst_offset + count * out_size &&
+                                  (count + next.count) * std::max(in_size, out_size) <= staging_.chunk);
+    if (!joins) break;
+    reads.push_back({next.src_file, next.src_offset, count * in_size, next.count * in_size});
+    count += next.count;
+  }
+  const Output where{t.tensor, out.file, t.dst_offset, count * out_size};
+  run_.bytes_read += count * in_size;
   InputSlot& s = next_input();
-  read_all({{t.src_file, t.src_offset, 0, in_bytes}}, s.host.data() + Staging::kDescriptorBytes);
-  upload(s, 0, in_bytes);
-  kernels::launch_cast(s.dev.data() + Staging::kDescriptorBytes, t.src_dtype, lease.slot().dev.data(), out.dtype, t.count,
+  read_all(reads, s.host.data() + Staging::kDescriptorBytes);
+  upload(s, 0, count * in_size);
+  kernels::launch_cast(s.dev.data() + Staging::kDescriptorBytes, t.src_dtype, lease.slot().dev.data(), out.dtype, count,
                        compute_.get());
   consumed(s);
   send(lease, where);
+  return n;
 }
 
 void DeviceRunner::slab_task(const Task& t) {
@@ -204,6 +228,10 @@ DeviceRunner::InputSlot& DeviceRunner::next_input() {
 
 void DeviceRunner::read_all(const std::vector<FillRead>& reads, uint8_t* data) {
   uint64_t total = 0;
+  for (const FillRead& r : reads) total += r.bytes;
+  const uint64_t step = 64ull << 10;
+  const uint64_t job_bytes =
+      std::clamp((total / std::max<uint64_t>(1, run_.io.size()) + step - 1) / step * step, kMinReadJobBytes, kMaxReadJobBytes);
   std::vector<std::function<void()>> jobs;
   std::vector<FillRead> batch;
   uint64_t batch_bytes = 0;
@@ -217,13 +245,12 @@ void DeviceRunner::read_all(const std::vector<FillRead>& reads, uint8_t* data) {
     batch_bytes = 0;
   };
   for (const FillRead& r : reads) {
-    total += r.bytes;
     for (uint64_t done = 0; done < r.bytes;) {
-      const uint64_t n = std::min(r.bytes - done, kReadJobBytes - batch_bytes);
+      const uint64_t n = std::min(r.bytes - done, job_bytes - batch_bytes);
       batch.push_back({r.file, r.file_offset + done, r.offset + done, n});
       batch_bytes += n;
       done += n;
-      if (batch_bytes == kReadJobBytes) flush();
+      if (batch_bytes == job_bytes) flush();
     }
   }
   flush();

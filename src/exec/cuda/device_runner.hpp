@@ -127,7 +127,9 @@ class DeviceRunner {
     OutputSlot* slot_;
   };
 
-  void run_task(const Task& t);
+  // The Run task at `first`, joined with the casts after it that continue its output; returns
+  // how many tasks it did.
+  size_t run_tasks(const std::vector<Task>& tasks, size_t first);
   void slab_task(const Task& t);
   void fold_task(const Task& t);
   // Fills the device box `dst` (row-major over box.extent, dtype `to`), fill by fill.

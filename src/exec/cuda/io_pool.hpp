@@ -21,6 +21,7 @@ class IoPool {
 
   // Queues a job that handles its own errors.
   void submit(std::function<void()> job);
+  unsigned size() const { return static_cast<unsigned>(threads_.size()); }
   // Runs the jobs on the pool and waits for all of them; rethrows the first failure.
   void run_all(std::vector<std::function<void()>>& jobs);
 
