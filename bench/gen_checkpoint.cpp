@@ -5,13 +5,13 @@
 #include <cstdio>
 
 #include "shardmerge/error.hpp"
-#include "synthetic_fsdp.hpp"
+#include "synth/synthetic_fsdp.hpp"
 #include "util/units.hpp"
 
 int main(int argc, char** argv) {
   using namespace shardmerge;
   CLI::App app{"Write a synthetic verl FSDP2 checkpoint (torch.save layout of torch 2.15) of a real model shape"};
-  bench::SyntheticOptions o;
+  synth::SyntheticOptions o;
   bool list = false;
   app.add_option("--out", o.out_dir, "Run root to create");
   app.add_option("--model", o.model, "Model shape (see --list)");
@@ -24,7 +24,7 @@ int main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
   try {
     if (list) {
-      for (const auto& m : bench::model_shapes())
+      for (const auto& m : synth::model_shapes())
         std::printf("%-14s %s hidden=%ld layers=%ld vocab=%ld%s\n", m.name.c_str(), m.architecture.c_str(),
                     static_cast<long>(m.hidden), static_cast<long>(m.layers), static_cast<long>(m.vocab),
                     m.tied ? " tied" : "");
@@ -32,7 +32,7 @@ int main(int argc, char** argv) {
     }
     if (o.out_dir.empty()) throw usage_error("--out is required");
     const auto t0 = std::chrono::steady_clock::now();
-    const auto s = bench::write_synthetic_fsdp(o);
+    const auto s = synth::write_synthetic_fsdp(o);
     const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     std::printf("wrote %s: %.3fB parameters, %s of rank files in %.1f s\n", s.role_dir.c_str(),
                 static_cast<double>(s.parameters) / 1e9, format_bytes(s.rank_file_bytes).c_str(), secs);

@@ -27,7 +27,7 @@
 #include "kernels/kernels.hpp"
 #include "plan/planner.hpp"
 #include "shardmerge/error.hpp"
-#include "synthetic_fsdp.hpp"
+#include "synth/synthetic_fsdp.hpp"
 #include "util/rss.hpp"
 #include "util/units.hpp"
 
@@ -353,14 +353,14 @@ void merge_table(Report& report, const std::string& title, const MergePlan& plan
 
 PlannedMerge synthetic_plan(const std::string& work, const std::string& model, int64_t world_size, int64_t lora_rank,
                             Report& report) {
-  bench::SyntheticOptions o;
+  synth::SyntheticOptions o;
   o.out_dir = work + "/" + model + "-w" + std::to_string(world_size) + (lora_rank ? "-lora" + std::to_string(lora_rank) : "");
   o.model = model;
   o.world_size = world_size;
   o.lora_rank = lora_rank;
   if (!std::filesystem::exists(o.out_dir)) {
     const auto t0 = Clock::now();
-    const bench::SyntheticSummary s = bench::write_synthetic_fsdp(o);
+    const synth::SyntheticSummary s = synth::write_synthetic_fsdp(o);
     report.line("# generated %s: %s of rank files in %.1f s", s.role_dir.c_str(), format_bytes(s.rank_file_bytes).c_str(),
                 std::chrono::duration<double>(Clock::now() - t0).count());
   }

@@ -62,7 +62,7 @@ from torch.distributed.checkpoint.planner import SavePlan, TensorWriteData, Writ
 
 ROOT = Path(__file__).resolve().parent.parent
 
-# Public config.json values of the models whose shapes we borrow (same table as synthetic_fsdp.cpp,
+# Public config.json values of the models whose shapes we borrow (same table as src/synth/synthetic_fsdp.cpp,
 # plus head_dim; "tiny"/"tiny-untied" are for correctness checks: vocab divisible by any small TP).
 MODELS = {
     #                 arch                model_type hidden  ffn  layers heads kv head_dim vocab  tied  qkv_bias

@@ -3,15 +3,15 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 
 #include "shardmerge/plan.hpp"
+#include "shardmerge/trace.hpp"
 
 namespace shardmerge {
 
-class Trace;
-class Progress;
 
 // Where tensor bytes go, addressed as (output file index, byte offset) of the plan: the files
 // of an output tree (HfTreeWriter), or a comparison against a reference tree (verify).
@@ -34,8 +34,12 @@ struct ExecOptions {
   // Check the zip CRC-32 of every record read (MergePlan::records) as the bytes stream through;
   // off (--no-crc) lets same-dtype copies stay in the kernel (copy_file_range).
   bool check_crc = true;
-  Progress* progress = nullptr;        // fed with output bytes as they are written
-  Trace* trace = nullptr;
+  // This process's rank in a multi-process merge, or -1 for a single process. A process with a
+  // rank refuses to read a source that the plan says another rank owns (SourceFile::owner).
+  int32_t rank = -1;
+  // Called with output bytes as they are written (a progress display), from any thread.
+  std::function<void(uint64_t bytes)> on_written;
+  Trace* trace = nullptr;  // phases, when --profile asks for them
 };
 
 struct ExecStats {

@@ -1,15 +1,14 @@
 // MergePlan: a merge described as data. Every output tensor is a list of strided source
 // regions (Slices) that tile it exactly once, plus the ops to apply (dtype cast, LoRA fold).
-// Layout readers produce it; executors run it. It can be printed as JSON and tested without
-// opening a file.
+// Layout readers produce it; executors run it. It can be written as a plan file and read back
+// (plan/plan_file.hpp) and tested without opening a file.
 #pragma once
 
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
-
-#include <nlohmann/json_fwd.hpp>
 
 #include "shardmerge/dtype.hpp"
 
@@ -26,10 +25,34 @@ struct FileStamp {
   bool operator==(const FileStamp&) const = default;
 };
 
+// A source that is one compressed item inside a file (DCP's `stream.zstd` transform): the
+// executor decodes bytes [offset, offset + length) of the file before reading, and slices and
+// records address the decoded bytes. Planning decodes at most the head of an item.
+struct CompressedItem {
+  std::string codec;          // "zstd"
+  uint64_t offset = 0;        // of the compressed bytes in the file
+  uint64_t length = 0;        // compressed bytes
+  // How many leading decoded bytes the slices and records need; the frame must decode to at
+  // least that many.
+  uint64_t decoded_size = 0;
+  bool operator==(const CompressedItem&) const = default;
+};
+
+// Which process can read a source: any (a shared filesystem), or one rank of a multi-process
+// merge (node-local rank files).
+constexpr int32_t kAnyOwner = -1;
+
 struct SourceFile {
+  SourceFile() = default;
+  SourceFile(std::string path_, uint64_t size_, std::optional<FileStamp> planned_ = std::nullopt)
+      : path(std::move(path_)), size(size_), planned(std::move(planned_)) {}
+
   std::string path;
   uint64_t size = 0;                 // size when planned; a file that changed since is refused
   std::optional<FileStamp> planned;  // the file when the layout read it (absent in plans made by hand)
+  std::optional<CompressedItem> compressed;
+  int32_t owner = kAnyOwner;
+  bool operator==(const SourceFile&) const = default;
 };
 
 // A zip record (a torch.save storage) that slices read, with the CRC-32 its central directory
@@ -41,6 +64,11 @@ struct RecordCheck {
   uint32_t crc32 = 0;
   std::string record;   // the zip entry, e.g. "archive/data/3"
   std::string tensor;   // a tensor whose bytes it holds, as the checkpoint names it
+  // Set when planning could not read the CRC-32 (a compressed item's archive keeps it in a data
+  // descriptor after the storage, which planning does not decode): the executor reads it, a
+  // little-endian u32, at this offset of the (decoded) source; `crc32` is then 0.
+  std::optional<uint64_t> crc32_at = std::nullopt;
+  bool operator==(const RecordCheck&) const = default;
 };
 
 // A strided region of one source file, placed at box [start, start + extent) of a tensor.
@@ -56,6 +84,7 @@ struct Slice {
   uint64_t numel() const;
   // True when the region is one run of bytes in the file (row-major dense over `extent`).
   bool source_contiguous() const;
+  bool operator==(const Slice&) const = default;
 };
 
 // The part of `s` that falls inside the box [start, start + extent), or nothing.
@@ -69,6 +98,7 @@ struct LoraFold {
   int64_t rank = 0;
   double scale = 0;
   bool fan_in_fan_out = false;
+  bool operator==(const LoraFold&) const = default;
 };
 
 struct OutputTensor {
@@ -83,12 +113,14 @@ struct OutputTensor {
   std::string origin;    // how the source held it, e.g. "Shard(0) x4 ranks"
 
   uint64_t numel() const;
+  bool operator==(const OutputTensor&) const = default;
 };
 
 struct OutputFile {
   std::string name;    // relative to the output directory
   std::string header;  // bytes written at offset 0 (the safetensors header)
   uint64_t size = 0;   // total file size
+  bool operator==(const OutputFile&) const = default;
 };
 
 // A file written beside the weights: copied from `source`, or `content` when set.
@@ -96,6 +128,7 @@ struct Sidecar {
   std::string name;
   std::string source;
   std::optional<std::string> content;
+  bool operator==(const Sidecar&) const = default;
 };
 
 struct MergePlan {
@@ -111,8 +144,8 @@ struct MergePlan {
 
   uint64_t bytes_read() const;     // sum of the source bytes the copies touch
   uint64_t bytes_written() const;  // sum of output file sizes
+  bool operator==(const MergePlan&) const = default;
 };
 
-nlohmann::ordered_json to_json(const MergePlan& plan);
 
 }  // namespace shardmerge

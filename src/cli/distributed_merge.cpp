@@ -68,7 +68,9 @@ int write_merge_distributed(dist::ProcessGroup& group, const std::function<Plann
   ExecStats stats;
   const auto all_stats = together(group, [&] {
     if (!root) writer.attach(temp, plan, share.owned_files);
-    stats = executor.run(share.plan, writer, exec);
+    ExecOptions mine = exec;
+    mine.rank = group.rank();  // refuses sources the plan gives to another rank
+    stats = executor.run(share.plan, writer, mine);
     writer.sync_files();
     return nlohmann::json{{"read", stats.bytes_read}, {"written", stats.bytes_written}, {"rss", peak_rss_bytes()},
                           {"folds", stats.lora_folds}}

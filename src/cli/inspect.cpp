@@ -6,17 +6,14 @@
 #include <set>
 
 #include "cli/commands.hpp"
-#include "formats/dcp.hpp"
-#include "formats/hf_index.hpp"
-#include "formats/safetensors.hpp"
-#include "formats/torch_pt.hpp"
 #include "layouts/fsdp.hpp"
 #include "layouts/layout.hpp"
 #include "layouts/megatron.hpp"
 #include "layouts/names.hpp"
+#include "layouts/summaries.hpp"
 #include "plan/lora.hpp"
 #include "plan/peft_names.hpp"
-#include "plan/sharding.hpp"
+#include "geometry/sharding.hpp"
 #include "shardmerge/error.hpp"
 #include "util/units.hpp"
 
@@ -132,7 +129,8 @@ void fsdp_report(const layouts::FsdpRole& role, bool with_tensors, json& j, std:
 void megatron_report(const layouts::MegatronRole& role, bool with_tensors, json& j, std::vector<std::string>& warnings) {
   if (role.dist_ckpt.empty()) return;
   try {
-    const DcpMetadata meta = read_dcp_metadata(role.dist_ckpt);
+    // .metadata alone: no item is read.
+    const DcpMetadata meta = layouts::summarise_dcp(role.dist_ckpt, [](const std::string&) { return false; }).metadata;
     json list = json::array();
     size_t model = 0, state = 0;
     uint64_t bytes = 0;
@@ -177,8 +175,7 @@ std::string placement_of(const StateEntry& e) {
 
 json safetensors_tensor_list(const std::string& path) {
   json list = json::array();
-  SafetensorsFile f = SafetensorsFile::open(path);
-  for (const auto& t : f.tensors())
+  for (const auto& t : layouts::summarise_safetensors_file(path).tensors)
     list.push_back({{"name", t.name}, {"dtype", dtype_name(t.dtype)}, {"shape", t.shape}, {"bytes", t.nbytes}});
   return list;
 }
@@ -193,8 +190,7 @@ json file_report(const std::string& path) {
     list = safetensors_tensor_list(path);
   } else {
     j["kind"] = "torch.save file";
-    TorchFile f = TorchFile::open(path);
-    for (const auto& e : f.entries()) {
+    for (const auto& e : layouts::summarise_torch_file(path).entries) {
       uint64_t n = dtype_size(e.dtype());
       for (int64_t d : e.global_shape()) n *= static_cast<uint64_t>(d);
       list.push_back({{"name", e.name}, {"dtype", dtype_name(e.dtype())}, {"shape", e.global_shape()},
@@ -285,11 +281,15 @@ json report(const std::string& path, bool with_tensors, int& exit_code) {
       j["huggingface"] = hf_json(hf);
       if (with_tensors && (hf.weights == layouts::HfTree::Weights::Safetensors ||
                            hf.weights == layouts::HfTree::Weights::ShardedSafetensors)) {
-        HfWeights w = open_hf_weights(path);
+        const layouts::HfWeightsSummary w = layouts::summarise_hf_weights(path);
         json list = json::array();
-        for (const auto& [name, ref] : w.tensors)
-          list.push_back({{"name", name}, {"dtype", dtype_name(ref.tensor->dtype)}, {"shape", ref.tensor->shape},
-                          {"file", fs::path(w.path_of(ref)).filename().string()}, {"bytes", ref.tensor->nbytes}});
+        for (const auto& [name, index] : w.file_of) {
+          const layouts::SafetensorsSummary& file = w.files[index];
+          for (const auto& t : file.tensors)
+            if (t.name == name)
+              list.push_back({{"name", name}, {"dtype", dtype_name(t.dtype)}, {"shape", t.shape},
+                              {"file", fs::path(file.path).filename().string()}, {"bytes", t.nbytes}});
+        }
         j["tensor_list"] = list;
       }
       next.push_back("shardmerge verify --local_dir CHECKPOINT_DIR --test_hf_dir " + quote(path) +

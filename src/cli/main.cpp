@@ -25,6 +25,7 @@ int main(int argc, char** argv) {
   cli::add_fold_lora(app, run);
   cli::add_ls(app, run);
   cli::add_prune(app, run);
+  cli::add_bench(app, run);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -1,4 +1,5 @@
-// `shardmerge plan` (print the MergePlan) and `shardmerge merge` (run it).
+// `shardmerge plan` (print the MergePlan, or write it as a plan file) and `shardmerge merge` (run
+// it, made now or read from a plan file).
 #include <fcntl.h>
 #include <unistd.h>
 
@@ -12,12 +13,14 @@
 
 #include "cli/commands.hpp"
 #include "cli/merge_options.hpp"
-#include "plan/sharding.hpp"
+#include "exec/dist/process_group.hpp"
+#include "plan/plan_file.hpp"
+#include "geometry/sharding.hpp"
 #include "shardmerge/error.hpp"
 #include "shardmerge/executor.hpp"
 #include "util/progress.hpp"
 #include "util/rss.hpp"
-#include "util/trace.hpp"
+#include "shardmerge/trace.hpp"
 #include "util/units.hpp"
 #include "verify/reference_verify.hpp"
 #include "write/hf_tree_writer.hpp"
@@ -51,7 +54,19 @@ void print_plan_human(const PlannedMerge& pm, int verbose) {
 struct MergeCli {
   MergeCliOptions common;
   ExecCliOptions exec;
+  std::string plan_file;  // --plan: run this plan instead of planning
 };
+
+// A plan file's plan, refused if a source this process reads changed since it was made. The
+// plan's source_dir is the directory the target must stay out of.
+PlannedMerge planned_from_file(const std::string& path) {
+  const std::optional<dist::LaunchInfo> launch = dist::launch_from_environment();
+  PlannedMerge pm;
+  pm.plan = read_plan_file(path);
+  confirm_sources_unchanged(pm.plan, path, launch ? launch->rank : -1);
+  pm.role_dir = pm.plan.source_dir;
+  return pm;
+}
 
 // verl's merger writes to ./tmp when --target_dir is not given; shardmerge does too, but says so.
 ExecCliOptions with_target(ExecCliOptions o) {
@@ -146,7 +161,7 @@ int write_merge(const std::function<PlannedMerge()>& make_plan, const ExecCliOpt
   writer.create(plan);
   Executor& executor = *chosen.executor;
   Progress progress("merging", tensor_bytes(plan), !o.json && Progress::stderr_is_tty());
-  exec.progress = &progress;
+  exec.on_written = [&progress](uint64_t n) { progress.add(n); };
   const auto write_start = Clock::now();
   const ExecStats stats = executor.run(plan, writer, exec);
   progress.finish();
@@ -225,13 +240,23 @@ void add_plan(CLI::App& app, Runner& run) {
   auto* cmd = app.add_subcommand("plan", "Print the merge plan: every output tensor and the source byte ranges it is made of");
   auto o = std::make_shared<MergeCliOptions>();
   auto as_json = std::make_shared<bool>(false);
+  auto out = std::make_shared<std::string>();
   add_merge_options(cmd, *o);
-  cmd->add_flag("--json", *as_json, "Print the MergePlan as JSON");
-  cmd->callback([&run, o, as_json] {
-    run = [o, as_json] {
+  cmd->add_flag("--json", *as_json, "Print the MergePlan as JSON (the plan file's form)");
+  cmd->add_option("--out", *out,
+                  "Write the plan file here (atomically), for `shardmerge merge --plan FILE` to run later or elsewhere "
+                  "(default: none: print the plan)");
+  cmd->callback([&run, o, as_json, out] {
+    run = [o, as_json, out] {
       PlannedMerge pm = plan_merge(to_request(*o));
-      if (*as_json) std::cout << to_json(pm.plan).dump(2) << "\n";
-      else print_plan_human(pm, o->verbose);
+      if (!out->empty()) {
+        write_plan_file(*out, pm.plan, planning_options_json(*o));
+        for (const auto& w : pm.plan.warnings) std::fprintf(stderr, "shardmerge: warning: %s\n", w.c_str());
+        std::fprintf(stderr, "shardmerge: wrote the plan (%zu tensors in %zu files, from %zu source files) to %s\n",
+                     pm.plan.tensors.size(), pm.plan.files.size(), pm.plan.sources.size(), out->c_str());
+      }
+      if (*as_json) std::cout << plan_to_json(pm.plan, planning_options_json(*o)).dump(2) << "\n";
+      else if (out->empty()) print_plan_human(pm, o->verbose);
       return 0;
     };
   });
@@ -240,11 +265,34 @@ void add_plan(CLI::App& app, Runner& run) {
 void add_merge(CLI::App& app, Runner& run) {
   auto* cmd = app.add_subcommand("merge", "Merge a checkpoint into a HuggingFace safetensors directory");
   auto o = std::make_shared<MergeCli>();
+  const size_t before = cmd->get_options().size();
   add_merge_options(cmd, o->common);
+  // The options that decide the plan (all of add_merge_options but -v): a plan file fixed them.
+  std::vector<const CLI::Option*> planning;
+  const auto options = cmd->get_options();
+  for (size_t i = before; i < options.size(); ++i)
+    if (options[i] != cmd->get_option("--verbose")) planning.push_back(options[i]);
+  CLI::Option* local_dir = cmd->get_option("--local_dir");
+  local_dir->required(false)->description(local_dir->get_description() + " (default: none; required unless --plan)");
   add_exec_options(cmd, o->exec);
-  cmd->callback([&run, o] {
+  cmd->add_option("--plan", o->plan_file,
+                  "Run this plan file (written by `shardmerge plan --out`) as it is, with no re-planning; refused if "
+                  "a source file's size or mtime changed since (default: none: plan from --local_dir now)")
+      ->check(CLI::ExistingFile);
+  cmd->callback([&run, o, planning] {
+    if (!o->plan_file.empty()) {
+      for (const CLI::Option* opt : planning)
+        if (opt->count() > 0)
+          throw CLI::ValidationError(opt->get_name(), "cannot be given with --plan: the planning options were fixed "
+                                                      "when the plan was made (the plan file lists them)");
+    } else if (o->common.local_dir.empty()) {
+      throw CLI::RequiredError("--local_dir");
+    }
     o->exec.verbose = o->common.verbose;
-    run = [o] { return write_merge([o] { return plan_merge(to_request(o->common)); }, o->exec); };
+    run = [o] {
+      if (!o->plan_file.empty()) return write_merge([o] { return planned_from_file(o->plan_file); }, o->exec);
+      return write_merge([o] { return plan_merge(to_request(o->common)); }, o->exec);
+    };
   });
 }
 

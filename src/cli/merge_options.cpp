@@ -104,4 +104,18 @@ MergeRequest to_request(const MergeCliOptions& o) {
   return r;
 }
 
+nlohmann::ordered_json planning_options_json(const MergeCliOptions& o) {
+  return {{"local_dir", o.local_dir},
+          {"backend", o.backend},
+          {"role", o.role},
+          {"dtype", o.dtype},
+          {"max_shard_size", o.max_shard_size},
+          {"lora", o.lora},
+          {"lora_alpha", o.lora_alpha},
+          {"force_lora_alpha", o.force_lora_alpha},
+          {"tie_word_embedding", o.tie_word_embedding},
+          {"is_value_model", o.is_value_model},
+          {"hf_model_path", o.hf_model_path}};
+}
+
 }  // namespace shardmerge::cli

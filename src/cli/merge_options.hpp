@@ -3,6 +3,7 @@
 
 #include <CLI/CLI.hpp>
 #include <functional>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
@@ -37,6 +38,8 @@ OutputOptions output_dtype_options(const std::string& dtype);
 // --lora-alpha and --force-lora-alpha (`merge`, `plan`, `verify`, `fold-lora`).
 void add_lora_alpha_options(CLI::App* cmd, double& alpha, bool& force);
 MergeRequest to_request(const MergeCliOptions& o);
+// The planning options as given, for the reader of a plan file.
+nlohmann::ordered_json planning_options_json(const MergeCliOptions& o);
 
 // How a plan is carried out and written (`merge`, `fold-lora`).
 struct ExecCliOptions {

@@ -20,9 +20,8 @@
 #include "exec/tasks.hpp"
 #include "shardmerge/error.hpp"
 #include "shardmerge/executor.hpp"
-#include "util/progress.hpp"
 #include "util/rss.hpp"
-#include "util/trace.hpp"
+#include "shardmerge/trace.hpp"
 
 namespace shardmerge {
 namespace {
@@ -108,30 +107,16 @@ class FoldScratch {
 
 class CpuRun {
  public:
+  // Sizes the staging, cuts the tasks, then opens the sources they read.
   CpuRun(const MergePlan& plan, const OutputSink& out, const ExecOptions& opt)
-      : plan_(plan), out_(out), opt_(opt), files_(plan, opt.check_crc), sources_(files_.fds()) {
-    // Two staging buffers per worker (read, convert) take half of what the limit leaves;
-    // fold tasks draw on the other half. Workers beyond what that half holds at one task's
-    // size each are not started: the memory limit wins over --threads.
-    const uint64_t baseline = current_rss_bytes() + kReserve;
-    if (opt.memory_limit < baseline + 8 * kMiB)
-      throw usage_error("--memory-limit " + std::to_string(opt.memory_limit / kMiB) + " MiB is below the " +
-                        std::to_string((baseline + 8 * kMiB) / kMiB) + " MiB this process needs at minimum");
-    const uint64_t avail = opt.memory_limit - baseline;
-    const auto affordable = static_cast<unsigned>(std::max<uint64_t>(1, avail / 2 / (2 * kTaskBytes)));
-    threads_ = std::min(opt.threads ? opt.threads : default_io_threads(), affordable);
-    staging_ = std::clamp<uint64_t>(avail / 2 / (2 * threads_), kMiB, 32 * kMiB);
-    budget_ = std::make_unique<MemoryBudget>(avail - 2 * staging_ * threads_);
-    limits_.run_bytes = std::min(staging_, kTaskBytes);
-    limits_.slab_bytes = std::min(staging_, kTaskBytes);
-  }
+      : plan_(plan), out_(out), opt_(opt), limits_(size_staging()), tasks_(make_tasks(plan, limits_)),
+        files_(plan, source_files_read(plan, tasks_), opt.check_crc, opt.rank), sources_(files_.fds()) {}
 
   ExecStats run() {
     // Load the BLAS before the workers start: loading sets OPENBLAS_CORETYPE (setenv is not
     // safe beside other threads), and a missing library fails before any work is done.
     if (std::any_of(plan_.tensors.begin(), plan_.tensors.end(), [](const OutputTensor& t) { return t.lora.has_value(); }))
       blas_sgemm();
-    tasks_ = make_tasks(plan_, limits_);
     std::vector<std::thread> workers;
     for (unsigned i = 0; i < std::min<size_t>(threads_, std::max<size_t>(1, tasks_.size())); ++i)
       workers.emplace_back([this] { worker(); });
@@ -147,6 +132,23 @@ class CpuRun {
   }
 
  private:
+  // Sets threads_, staging_ and budget_ from --memory-limit and --threads; returns the task sizes.
+  TaskLimits size_staging() {
+    // Two staging buffers per worker (read, convert) take half of what the limit leaves;
+    // fold tasks draw on the other half. Workers beyond what that half holds at one task's
+    // size each are not started: the memory limit wins over --threads.
+    const uint64_t baseline = current_rss_bytes() + kReserve;
+    if (opt_.memory_limit < baseline + 8 * kMiB)
+      throw usage_error("--memory-limit " + std::to_string(opt_.memory_limit / kMiB) + " MiB is below the " +
+                        std::to_string((baseline + 8 * kMiB) / kMiB) + " MiB this process needs at minimum");
+    const uint64_t avail = opt_.memory_limit - baseline;
+    const auto affordable = static_cast<unsigned>(std::max<uint64_t>(1, avail / 2 / (2 * kTaskBytes)));
+    threads_ = std::min(opt_.threads ? opt_.threads : default_io_threads(), affordable);
+    staging_ = std::clamp<uint64_t>(avail / 2 / (2 * threads_), kMiB, 32 * kMiB);
+    budget_ = std::make_unique<MemoryBudget>(avail - 2 * staging_ * threads_);
+    return TaskLimits{std::min(staging_, kTaskBytes), std::min(staging_, kTaskBytes)};
+  }
+
   void worker() {
     try {
       AlignedBuffer read(staging_), conv(staging_);
@@ -175,7 +177,7 @@ class CpuRun {
 
   void wrote(uint64_t n) {
     bytes_written_ += n;
-    if (opt_.progress) opt_.progress->add(n);
+    if (opt_.on_written) opt_.on_written(n);
   }
 
   void run_task(const Task& t, AlignedBuffer& read, AlignedBuffer& conv) {
@@ -286,13 +288,14 @@ class CpuRun {
   const MergePlan& plan_;
   const OutputSink& out_;
   const ExecOptions& opt_;
-  OpenSources files_;
-  const SourceFds& sources_;
+  // In this order: size_staging() sets these three while limits_ is initialised.
   unsigned threads_ = 1;
   uint64_t staging_ = 0;
   std::unique_ptr<MemoryBudget> budget_;
   TaskLimits limits_;
   std::vector<Task> tasks_;
+  OpenSources files_;
+  const SourceFds& sources_;
   std::atomic<size_t> next_{0};
   std::atomic<bool> failed_{false};
   std::mutex error_mutex_;

@@ -51,7 +51,7 @@ constexpr double kGpuMustBeFaster = 1.25;
 // --threads, or when it is 0 the cores the CPU executor would use.
 unsigned cores_of(const Workload& w) { return w.cores ? w.cores : std::max(1u, default_io_threads() / 2); }
 
-std::string describe(const AutoPrediction& p, const Workload& w) {
+[[maybe_unused]] std::string describe(const AutoPrediction& p, const Workload& w) {  // unused without CUDA
   char buf[160];
   const unsigned cores = cores_of(w);
   if (w.bytes == 0)

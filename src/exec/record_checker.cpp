@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <cstdio>
 
-#include "exec/io.hpp"
+#include "util/fd_io.hpp"
 #include "exec/sources.hpp"
 #include "shardmerge/error.hpp"
 #include "util/crc32.hpp"

@@ -1,7 +1,9 @@
-// The plan's source files, open for reading, and the one way executors read them: every read
-// goes through SourceFds::read, which reports the bytes to the record checker (zip CRC-32s)
-// when one is on. Executors refuse a file that changed since the plan was made (its offsets
-// would point at other bytes) or while they ran.
+// The plan's source files that the executor's tasks read, open for reading, and the one way
+// executors read them: every read goes through SourceFds::read, which reports the bytes to the
+// record checker (zip CRC-32s) when one is on. Executors refuse a file that changed since the
+// plan was made (its offsets would point at other bytes) or while they ran, and one that
+// another process owns. A compressed source is decoded when it is opened, into an unnamed
+// temp file that its reads (and its records, which address decoded bytes) then go to.
 #pragma once
 
 #include <memory>
@@ -15,8 +17,8 @@
 namespace shardmerge {
 
 struct SourceFds {
-  std::vector<int> fds;
-  std::vector<std::string> names;
+  std::vector<int> fds;             // by MergePlan::sources index; -1 for a source not opened
+  std::vector<std::string> names;   // every source's path
   RecordChecker* checker = nullptr;  // null with --no-crc (or a plan without zip records)
 
   // pread of exactly n bytes, checked (the CRC-32 of the records they fall in) when a checker is on.
@@ -27,17 +29,22 @@ struct SourceFds {
 
 class OpenSources {
  public:
-  // Opens every source of `plan`, refusing one whose stamp differs from the plan's.
-  OpenSources(const MergePlan& plan, bool check_crc);
+  // Opens the sources `files` of `plan` (what the tasks read: source_files_read) and no other,
+  // refusing one whose stamp differs from the plan's, and one owned by a process other than
+  // `rank` (this process's rank in a multi-process merge; -1, a single process, reads any).
+  OpenSources(const MergePlan& plan, const std::vector<uint32_t>& files, bool check_crc, int32_t rank);
   const SourceFds& fds() const { return fds_; }
 
   // After the last read: checks what is left of the records read (bytes no task read), and
-  // refuses a source whose stamp changed since it was opened. Returns the records checked.
+  // refuses an opened source whose stamp changed since it was opened (a compressed source's
+  // file itself, not its decoded copy). Returns the records checked.
   uint64_t finish();
 
  private:
-  std::vector<File> files_;
+  std::vector<uint32_t> opened_index_;  // into MergePlan::sources, a source of each of files_
+  std::vector<File> files_;               // one per path
   std::vector<FileStamp> opened_;
+  std::vector<File> decoded_;  // unnamed temp files holding compressed sources, decoded
   std::unique_ptr<RecordChecker> checker_;
   SourceFds fds_;
 };

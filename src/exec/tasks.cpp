@@ -120,6 +120,43 @@ std::vector<Task> make_tasks(const MergePlan& plan, const TaskLimits& limits) {
   return tasks;
 }
 
+namespace {
+
+// True when the slice's box and `box` share an element (an empty slice shares none).
+bool overlaps(const Slice& s, const Box& box) {
+  for (size_t d = 0; d < s.start.size(); ++d)
+    if (std::max(s.start[d], box.start[d]) >= std::min(s.start[d] + s.extent[d], box.start[d] + box.extent[d]))
+      return false;
+  return true;
+}
+
+}  // namespace
+
+std::vector<uint32_t> source_files_read(const MergePlan& plan, const std::vector<Task>& tasks) {
+  std::vector<bool> read(plan.sources.size(), false);
+  auto mark = [&](const Slice& s) {
+    if (s.numel() > 0) read.at(s.file) = true;
+  };
+  for (const Task& t : tasks) {
+    const OutputTensor& out = plan.tensors[t.tensor];
+    switch (t.kind) {
+      case Task::Kind::Run: read.at(t.src_file) = true; break;
+      case Task::Kind::Slab:
+        for (const Slice& s : out.copies)
+          if (overlaps(s, t.box)) mark(s);
+        break;
+      case Task::Kind::Fold:
+        for (const auto* slices : {&out.copies, &out.lora->a, &out.lora->b})
+          for (const Slice& s : *slices) mark(s);
+        break;
+    }
+  }
+  std::vector<uint32_t> files;
+  for (uint32_t f = 0; f < read.size(); ++f)
+    if (read[f]) files.push_back(f);
+  return files;
+}
+
 uint64_t task_bytes(const MergePlan& plan, const Task& task) {
   const OutputTensor& out = plan.tensors[task.tensor];
   const uint64_t out_elem = dtype_size(out.dtype);

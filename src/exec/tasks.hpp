@@ -48,6 +48,11 @@ std::vector<Box> slab_boxes(const std::vector<int64_t>& shape, uint64_t max_elem
 
 std::vector<Task> make_tasks(const MergePlan& plan, const TaskLimits& limits);
 
+// The source files `tasks` read (indices into MergePlan::sources, ascending, each once): a
+// run's file, the files of the copies a slab's box overlaps, and those of a fold's copies and
+// LoRA A/B slices. Executors open these and no other.
+std::vector<uint32_t> source_files_read(const MergePlan& plan, const std::vector<Task>& tasks);
+
 // Source plus output bytes a task moves (a slab counts its widest source dtype).
 uint64_t task_bytes(const MergePlan& plan, const Task& task);
 

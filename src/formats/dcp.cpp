@@ -3,13 +3,14 @@
 #include <zstd.h>
 
 #include <filesystem>
-#include <memory>
 
+#include "formats/torch_item_head.hpp"
 #include "formats/zip.hpp"
 #include "shardmerge/error.hpp"
 #include "util/file.hpp"
 #include "util/file_stamp.hpp"
 #include "util/shape.hpp"
+#include "util/zstd_frame.hpp"
 
 namespace fs = std::filesystem;
 
@@ -72,46 +73,21 @@ uint64_t declared_item_bound(const DcpTensor& tensor, const DcpChunk& chunk) {
 
 // Streams the one zstd frame in [offset, offset + length) of `in` into a new file, writing no
 // more than `max_output` bytes (a frame that decompresses to more is refused as it streams,
-// so a small frame cannot fill the disk). torch's stream.zstd transform writes one frame per
-// item; a frame that declares its content size must declare at most `max_output`, and hold
-// exactly that.
+// so a small frame cannot fill the disk).
 void zstd_decompress_to(const File& in, uint64_t offset, uint64_t length, const std::string& out_path,
                         uint64_t max_output) {
-  auto fail = [&](const std::string& what) { return Error("zstd item: " + what).file(in.path()).offset(offset); };
-  std::unique_ptr<ZSTD_DCtx, size_t (*)(ZSTD_DCtx*)> ctx(ZSTD_createDCtx(), ZSTD_freeDCtx);
+  ZstdFrameReader frame(in, offset, length);
+  const std::string bound = " bytes that a torch.save of the chunk .metadata describes can take";
+  if (const auto declared = frame.declared_size(); declared && *declared > max_output)
+    throw frame.fail("its frame declares " + std::to_string(*declared) + " bytes, more than the " + std::to_string(max_output) + bound);
   File out = File::create(out_path, /*overwrite=*/true);
-  const size_t in_chunk = ZSTD_DStreamInSize(), out_chunk = ZSTD_DStreamOutSize();
-  std::string inbuf(in_chunk, '\0'), outbuf(out_chunk, '\0');
-  uint64_t read = 0, written = 0;
-  unsigned long long declared = ZSTD_CONTENTSIZE_UNKNOWN;
-  size_t last = 1;
-  while (read < length) {
-    const size_t n = static_cast<size_t>(std::min<uint64_t>(in_chunk, length - read));
-    in.read_exact(offset + read, inbuf.data(), n);
-    if (read == 0) {
-      declared = ZSTD_getFrameContentSize(inbuf.data(), n);
-      if (declared == ZSTD_CONTENTSIZE_ERROR) declared = ZSTD_CONTENTSIZE_UNKNOWN;  // decoding says what is wrong
-      if (declared != ZSTD_CONTENTSIZE_UNKNOWN && declared > max_output)
-        throw fail("its frame declares " + std::to_string(declared) + " bytes, more than the " + std::to_string(max_output) +
-                   " that a torch.save of the chunk .metadata describes can take");
-    }
-    read += n;
-    ZSTD_inBuffer src{inbuf.data(), n, 0};
-    while (src.pos < src.size) {
-      if (last == 0) throw fail(std::to_string(length - read + (src.size - src.pos)) + " bytes follow the end of its zstd frame");
-      ZSTD_outBuffer dst{outbuf.data(), out_chunk, 0};
-      last = ZSTD_decompressStream(ctx.get(), &dst, &src);
-      if (ZSTD_isError(last)) throw fail(std::string("corrupt: ") + ZSTD_getErrorName(last));
-      if (dst.pos > max_output - written)
-        throw fail("decompresses to more than the " + std::to_string(max_output) +
-                   " bytes that a torch.save of the chunk .metadata describes can take");
-      out.write_exact(written, outbuf.data(), dst.pos);
-      written += dst.pos;
-    }
+  std::string buf(ZSTD_DStreamOutSize(), '\0');
+  while (const size_t n = frame.read(buf.data(), buf.size())) {
+    if (frame.decoded() > max_output) throw frame.fail("decompresses to more than the " + std::to_string(max_output) + bound);
+    out.write_exact(frame.decoded() - n, buf.data(), n);
   }
-  if (last != 0) throw fail("truncated");
-  if (declared != ZSTD_CONTENTSIZE_UNKNOWN && declared != written)
-    throw fail("its frame declares " + std::to_string(declared) + " bytes but holds " + std::to_string(written));
+  if (const auto declared = frame.declared_size(); declared && *declared != frame.decoded())
+    throw frame.fail("its frame declares " + std::to_string(*declared) + " bytes but holds " + std::to_string(frame.decoded()));
 }
 
 }  // namespace
@@ -180,46 +156,99 @@ DcpMetadata parse_dcp_metadata(std::string_view data, const std::string& dir) {
   return meta;
 }
 
+DcpItemCoding item_coding(const DcpChunk& chunk) {
+  if (chunk.transforms.empty()) return DcpItemCoding::Stored;
+  if (chunk.transforms.size() != 1 || chunk.transforms[0].rfind("stream.zstd", 0) != 0)
+    throw Error("item uses storage transform '" + chunk.transforms[0] + "', which shardmerge does not know");
+  return DcpItemCoding::Zstd;
+}
+
+void check_item_within(const DcpChunk& chunk, uint64_t file_size) {
+  if (chunk.offset > file_size || chunk.length > file_size - chunk.offset)
+    throw Error("item [" + std::to_string(chunk.offset) + ", +" + std::to_string(chunk.length) +
+                ") runs past the end of the file (truncated?)");
+}
+
+namespace {
+
+// Checks a chunk's tensor, as its item's pickle describes it, against what .metadata says.
+void check_chunk_view(const TensorView& view, const DcpTensor& tensor, const DcpChunk& chunk) {
+  if (view.dtype != tensor.dtype)
+    throw Error("chunk is " + std::string(dtype_name(view.dtype)) + " but .metadata says " + std::string(dtype_name(tensor.dtype)));
+  if (view.size != chunk.sizes)
+    throw Error("chunk tensor has shape " + shape_string(view.size) + " but .metadata says " + shape_string(chunk.sizes));
+}
+
+// The chunk's tensor in the torch.save archive at [base, base + length) of `file`, checked
+// against what .metadata says of it.
+DcpChunkData read_item_archive(const File& file, uint64_t base, uint64_t length, const DcpTensor& tensor,
+                               const DcpChunk& chunk) {
+  DcpChunkData out;
+  out.path = file.path();
+  out.stamp = file_stamp(file);
+  const TorchArchive archive = TorchArchive::read(file, base, length);
+  const ZipEntry& pkl = archive.record("data.pkl");
+  const pickle::Document doc = parse_torch_pickle(read_record_checked(file, pkl));
+  const std::vector<StateEntry> entries = collect_tensors(doc.root());
+  if (entries.size() != 1 || !entries[0].is_plain()) throw Error("item is not a torch.save of one plain tensor");
+  out.view = std::get<TensorView>(entries[0].value);
+  const ZipEntry& rec = archive.record("data/" + out.view.storage_key);
+  if (rec.size != out.view.storage_nbytes)
+    throw Error("item's storage record has " + std::to_string(rec.size) + " bytes, its pickle says " +
+                std::to_string(out.view.storage_nbytes));
+  out.record = rec;
+  check_chunk_view(out.view, tensor, chunk);
+  return out;
+}
+
+}  // namespace
+
 DcpChunkData locate_dcp_chunk(const DcpMetadata& meta, const DcpTensor& tensor, const DcpChunk& chunk,
                               const std::string& scratch_dir) {
   const std::string path = (fs::path(meta.dir) / chunk.relative_path).string();
   try {
-    File file = File::open_read(path);
-    if (chunk.offset > file.size() || chunk.length > file.size() - chunk.offset)
-      throw Error("item [" + std::to_string(chunk.offset) + ", +" + std::to_string(chunk.length) +
-                  ") runs past the end of the file (truncated?)");
-    DcpChunkData out;
-    out.path = path;
-    uint64_t base = chunk.offset, length = chunk.length;
-    if (!chunk.transforms.empty()) {
-      if (chunk.transforms.size() != 1 || chunk.transforms[0].rfind("stream.zstd", 0) != 0)
-        throw Error("item uses storage transform '" + chunk.transforms[0] + "', which shardmerge does not know");
-      fs::create_directories(scratch_dir);
-      out.path = (fs::path(scratch_dir) / (chunk.relative_path + "." + std::to_string(chunk.offset) + ".item")).string();
-      zstd_decompress_to(file, chunk.offset, chunk.length, out.path, declared_item_bound(tensor, chunk));
-      file = File::open_read(out.path);
-      base = 0;
-      length = file.size();
+    const File file = File::open_read(path);
+    check_item_within(chunk, file.size());
+    if (item_coding(chunk) == DcpItemCoding::Stored) return read_item_archive(file, chunk.offset, chunk.length, tensor, chunk);
+    fs::create_directories(scratch_dir);
+    const std::string decoded = (fs::path(scratch_dir) / (chunk.relative_path + "." + std::to_string(chunk.offset) + ".item")).string();
+    zstd_decompress_to(file, chunk.offset, chunk.length, decoded, declared_item_bound(tensor, chunk));
+    const File item = File::open_read(decoded);
+    return read_item_archive(item, 0, item.size(), tensor, chunk);
+  } catch (Error& e) {
+    e.tensor(tensor.fqn).file(path);
+    throw;
+  }
+}
+
+DcpChunkData locate_stored_dcp_chunk(const DcpMetadata& meta, const DcpTensor& tensor, const DcpChunk& chunk) {
+  const std::string path = (fs::path(meta.dir) / chunk.relative_path).string();
+  try {
+    const File file = File::open_read(path);
+    check_item_within(chunk, file.size());
+    if (item_coding(chunk) != DcpItemCoding::Stored) throw Error("item is compressed; it is decoded when read, not planned");
+    return read_item_archive(file, chunk.offset, chunk.length, tensor, chunk);
+  } catch (Error& e) {
+    e.tensor(tensor.fqn).file(path);
+    throw;
+  }
+}
+
+DcpChunkData locate_compressed_dcp_chunk(const DcpMetadata& meta, const DcpTensor& tensor, const DcpChunk& chunk) {
+  const std::string path = (fs::path(meta.dir) / chunk.relative_path).string();
+  try {
+    const File file = File::open_read(path);
+    check_item_within(chunk, file.size());
+    if (item_coding(chunk) != DcpItemCoding::Zstd) throw Error("item is not compressed");
+    ZstdFrameReader frame(file, chunk.offset, chunk.length);
+    TorchItemHead head;
+    try {
+      head = read_torch_item_head([&](char* buf, size_t n) { return frame.read(buf, n); });
+    } catch (Error& e) {
+      throw e.offset(chunk.offset);
     }
-    out.stamp = file_stamp(file);
-    const TorchArchive archive = TorchArchive::read(file, base, length);
-    const ZipEntry& pkl = archive.record("data.pkl");
-    const pickle::Document doc = parse_torch_pickle(read_record_checked(file, pkl));
-    const std::vector<StateEntry> entries = collect_tensors(doc.root());
-    if (entries.size() != 1 || !entries[0].is_plain())
-      throw Error("item is not a torch.save of one plain tensor");
-    out.view = std::get<TensorView>(entries[0].value);
-    const ZipEntry& rec = archive.record("data/" + out.view.storage_key);
-    if (rec.size != out.view.storage_nbytes)
-      throw Error("item's storage record has " + std::to_string(rec.size) + " bytes, its pickle says " +
-                  std::to_string(out.view.storage_nbytes));
-    out.record = rec;
-    if (out.view.dtype != tensor.dtype)
-      throw Error("chunk is " + std::string(dtype_name(out.view.dtype)) + " but .metadata says " +
-                  std::string(dtype_name(tensor.dtype)));
-    if (out.view.size != chunk.sizes)
-      throw Error("chunk tensor has shape " + shape_string(out.view.size) + " but .metadata says " + shape_string(chunk.sizes));
-    return out;
+    check_chunk_view(head.view, tensor, chunk);
+    return {path, file_stamp(file), head.storage, head.view, head.crc32_at};
   } catch (Error& e) {
     e.tensor(tensor.fqn).file(path);
     throw;

@@ -1,12 +1,14 @@
 // PyTorch Distributed Checkpoint (DCP) directories, as Megatron's torch_dist backend writes
 // them: `.metadata` (a pickle of torch.distributed.checkpoint.metadata.Metadata) and
 // `__<rank>_<n>.distcp` files whose items are whole torch.save archives, one per tensor
-// chunk, at the offsets `.metadata` gives. Items may be zstd-compressed (`stream.zstd/1`);
-// those are decompressed, streaming, into a scratch file that the caller owns.
+// chunk, at the offsets `.metadata` gives. Items may be zstd-compressed (`stream.zstd/1`):
+// planning decodes only the head of their archive (formats/torch_item_head.hpp), the executor
+// the rest; verify decodes them, streaming, into a scratch file that it owns.
 #pragma once
 
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -51,11 +53,27 @@ struct DcpChunkData {
   FileStamp stamp;                // of that file, when it was opened
   ZipEntry record;                // the storage record (absolute offsets in `path`)
   TensorView view;                // the chunk tensor (sizes == chunk.sizes, with leading singleton dims)
+  // For the head of a compressed item whose storage CRC-32 follows the storage bytes (torch
+  // writes it in a data descriptor), which planning does not decode: where it is in the decoded
+  // bytes; record.crc32 is then 0.
+  std::optional<uint64_t> record_crc32_at = std::nullopt;
 };
+
+// How an item is stored; throws for a transform shardmerge does not know.
+enum class DcpItemCoding { Stored, Zstd };
+DcpItemCoding item_coding(const DcpChunk& chunk);
+
+// Throws when the chunk's item does not lie within a file of `file_size` bytes.
+void check_item_within(const DcpChunk& chunk, uint64_t file_size);
 
 // Parses the torch.save archive embedded at the chunk's item. Transformed items are first
 // decoded into `scratch_dir` (created if needed).
 DcpChunkData locate_dcp_chunk(const DcpMetadata& meta, const DcpTensor& tensor, const DcpChunk& chunk,
                               const std::string& scratch_dir);
+// The same for a stored item (no transform), which is read in place: nothing is decoded.
+DcpChunkData locate_stored_dcp_chunk(const DcpMetadata& meta, const DcpTensor& tensor, const DcpChunk& chunk);
+// The same for a zstd-compressed item, from the head of its decoded archive only (never its
+// tensor bytes): `path` and `stamp` are the .distcp's, record offsets are in decoded bytes.
+DcpChunkData locate_compressed_dcp_chunk(const DcpMetadata& meta, const DcpTensor& tensor, const DcpChunk& chunk);
 
 }  // namespace shardmerge

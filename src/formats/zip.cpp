@@ -10,7 +10,6 @@
 namespace shardmerge {
 namespace {
 
-constexpr uint32_t kLocalHeaderSig = 0x04034b50;
 constexpr uint32_t kCentralSig = 0x02014b50;
 constexpr uint32_t kEocdSig = 0x06054b50;
 constexpr uint32_t kZip64LocatorSig = 0x07064b50;
@@ -81,45 +80,6 @@ Directory find_directory(const File& file, uint64_t base, uint64_t length) {
   return dir;
 }
 
-// Reads the ZIP64 extended-information extra field, replacing the 0xFFFFFFFF sentinels.
-void apply_zip64_extra(std::string_view extra, uint64_t& usize, uint64_t& csize, uint64_t& lho,
-                       const std::string& name) {
-  size_t pos = 0;
-  while (pos + 4 <= extra.size()) {
-    uint16_t id = load_le<uint16_t>(extra.data() + pos);
-    uint16_t len = load_le<uint16_t>(extra.data() + pos + 2);
-    if (pos + 4 + len > extra.size()) throw Error("corrupt zip: extra field overruns entry '" + name + "'");
-    if (id == 0x0001) {
-      const char* f = extra.data() + pos + 4;
-      size_t avail = len;
-      auto take = [&](uint64_t& field) {
-        if (field != 0xFFFFFFFFu) return;
-        if (avail < 8) throw Error("corrupt zip: short ZIP64 field in entry '" + name + "'");
-        field = load_le<uint64_t>(f);
-        f += 8;
-        avail -= 8;
-      };
-      take(usize);
-      take(csize);
-      take(lho);
-      return;
-    }
-    pos += 4 + len;
-  }
-}
-
-// The extra field `id` of an extra block, if present.
-std::optional<std::string_view> extra_field(std::string_view extra, uint16_t id) {
-  size_t pos = 0;
-  while (pos + 4 <= extra.size()) {
-    const uint16_t len = load_le<uint16_t>(extra.data() + pos + 2);
-    if (pos + 4 + len > extra.size()) return std::nullopt;
-    if (load_le<uint16_t>(extra.data() + pos) == id) return extra.substr(pos + 4, len);
-    pos += 4 + len;
-  }
-  return std::nullopt;
-}
-
 std::string hex32(uint32_t v) {
   char buf[11];
   std::snprintf(buf, sizeof buf, "0x%08x", v);
@@ -135,9 +95,6 @@ struct CentralEntry {
   uint64_t size = 0;
   uint64_t lho = 0;
 };
-
-constexpr uint16_t kDataDescriptorFlag = 0x0008;
-constexpr uint32_t kDataDescriptorSig = 0x08074b50;
 
 // The local header repeats the central directory's name, flags, method, CRC and sizes (or,
 // with flag bit 3, leaves CRC and sizes to a data descriptor after the data): a reader that
@@ -207,6 +164,43 @@ uint64_t check_local_header(const File& file, uint64_t base, const CentralEntry&
 }
 
 }  // namespace
+
+void apply_zip64_extra(std::string_view extra, uint64_t& usize, uint64_t& csize, uint64_t& lho,
+                       const std::string& name) {
+  size_t pos = 0;
+  while (pos + 4 <= extra.size()) {
+    uint16_t id = load_le<uint16_t>(extra.data() + pos);
+    uint16_t len = load_le<uint16_t>(extra.data() + pos + 2);
+    if (pos + 4 + len > extra.size()) throw Error("corrupt zip: extra field overruns entry '" + name + "'");
+    if (id == 0x0001) {
+      const char* f = extra.data() + pos + 4;
+      size_t avail = len;
+      auto take = [&](uint64_t& field) {
+        if (field != 0xFFFFFFFFu) return;
+        if (avail < 8) throw Error("corrupt zip: short ZIP64 field in entry '" + name + "'");
+        field = load_le<uint64_t>(f);
+        f += 8;
+        avail -= 8;
+      };
+      take(usize);
+      take(csize);
+      take(lho);
+      return;
+    }
+    pos += 4 + len;
+  }
+}
+
+std::optional<std::string_view> extra_field(std::string_view extra, uint16_t id) {
+  size_t pos = 0;
+  while (pos + 4 <= extra.size()) {
+    const uint16_t len = load_le<uint16_t>(extra.data() + pos + 2);
+    if (pos + 4 + len > extra.size()) return std::nullopt;
+    if (load_le<uint16_t>(extra.data() + pos) == id) return extra.substr(pos + 4, len);
+    pos += 4 + len;
+  }
+  return std::nullopt;
+}
 
 std::string read_record_checked(const File& file, const ZipEntry& entry) {
   std::string data = file.read_string(entry.data_offset, static_cast<size_t>(entry.size));

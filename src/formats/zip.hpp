@@ -38,6 +38,15 @@ class ZipArchive {
   std::unordered_map<std::string, size_t> by_name_;
 };
 
+// Local-header vocabulary shared with the prefix reader (formats/zip_prefix.hpp).
+constexpr uint32_t kLocalHeaderSig = 0x04034b50;
+constexpr uint32_t kDataDescriptorSig = 0x08074b50;
+constexpr uint16_t kDataDescriptorFlag = 0x0008;  // CRC and sizes follow the data
+// Reads the ZIP64 extended-information extra field, replacing the 0xFFFFFFFF sentinels.
+void apply_zip64_extra(std::string_view extra, uint64_t& usize, uint64_t& csize, uint64_t& lho, const std::string& name);
+// The extra field `id` of an extra block, if present.
+std::optional<std::string_view> extra_field(std::string_view extra, uint16_t id);
+
 // The bytes of `entry`, checked against its CRC-32 (a mismatch is an Error naming the record).
 std::string read_record_checked(const File& file, const ZipEntry& entry);
 

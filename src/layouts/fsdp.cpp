@@ -7,7 +7,7 @@
 #include <unordered_map>
 
 #include "layouts/names.hpp"
-#include "plan/sharding.hpp"
+#include "geometry/sharding.hpp"
 #include "shardmerge/error.hpp"
 
 namespace shardmerge::layouts {
@@ -57,25 +57,7 @@ std::string placements_string(const std::vector<Placement>& ps) {
 
 }  // namespace
 
-std::vector<RankFileSummary> read_rank_files(const FsdpRole& role) {
-  std::vector<RankFileSummary> out(role.rank_files.size());
-  // Parsing pickles is independent per file; a few threads hide per-file latency.
-  std::vector<std::future<void>> jobs;
-  for (size_t r = 0; r < role.rank_files.size(); ++r) {
-    if (role.rank_files[r].empty()) continue;
-    out[r].rank = static_cast<int64_t>(r);
-    out[r].present = true;
-    jobs.push_back(std::async(std::launch::async, [&, r] { out[r].file = TorchFile::open(role.rank_files[r]); }));
-    if (jobs.size() >= 8) {
-      for (auto& j : jobs) j.get();
-      jobs.clear();
-    }
-  }
-  for (auto& j : jobs) j.get();
-  return out;
-}
-
-SourceSet describe_fsdp(const FsdpRole& role) {
+void check_fsdp_role(const FsdpRole& role) {
   if (role.world_size <= 0) {
     std::string sizes;
     for (int64_t w : role.rank_file_world_sizes) sizes += (sizes.empty() ? "" : ", ") + std::to_string(w);
@@ -87,14 +69,38 @@ SourceSet describe_fsdp(const FsdpRole& role) {
   // Any present rank will do for names and order: with replicas (HSDP) rank 0 may be gone.
   if (std::all_of(role.rank_files.begin(), role.rank_files.end(), [](const std::string& f) { return f.empty(); }))
     throw Error("no " + rank_file_name("model", role.world_size, 0) + "-style rank file is present").file(role.path);
-  const std::vector<RankFileSummary> files = read_rank_files(role);
+}
 
+std::vector<RankFileSummary> summarise_rank_files(const FsdpRole& role) {
+  std::vector<RankFileSummary> out;
+  for (size_t r = 0; r < role.rank_files.size(); ++r)
+    if (!role.rank_files[r].empty()) out.push_back({static_cast<int64_t>(r), {}});
+  // Parsing pickles is independent per file; a few threads hide per-file latency.
+  std::vector<std::future<void>> jobs;
+  for (RankFileSummary& s : out) {
+    jobs.push_back(std::async(std::launch::async, [&role, &s] { s.file = summarise_torch_file(role.rank_files[s.rank]); }));
+    if (jobs.size() >= 8) {
+      for (auto& j : jobs) j.get();
+      jobs.clear();
+    }
+  }
+  for (auto& j : jobs) j.get();
+  return out;
+}
+
+SourceSet describe_fsdp(const FsdpRole& role) {
+  check_fsdp_role(role);
+  return combine_fsdp(role, summarise_rank_files(role));
+}
+
+SourceSet combine_fsdp(const FsdpRole& role, const std::vector<RankFileSummary>& files) {
+  check_fsdp_role(role);
   SourceSet set;
   std::unordered_map<int64_t, uint32_t> file_index;  // rank -> SourceSet::files index
   for (const auto& f : files) {
-    if (!f.present) continue;
-    file_index[f.rank] = static_cast<uint32_t>(set.files.size());
-    set.files.push_back({f.file.path(), f.file.file_size(), f.file.stamp()});
+    if (!file_index.try_emplace(f.rank, static_cast<uint32_t>(set.files.size())).second)
+      throw Error("two summaries of rank " + std::to_string(f.rank)).file(f.file.path);
+    set.files.push_back({f.file.path, f.file.stamp.size, f.file.stamp});
   }
 
   std::vector<std::string> order;
@@ -103,9 +109,8 @@ SourceSet describe_fsdp(const FsdpRole& role) {
   size_t dtensors = 0, sharded = 0, plain = 0;
 
   for (const auto& f : files) {
-    if (!f.present) continue;
     const uint32_t fi = file_index.at(f.rank);
-    for (const StateEntry& e : f.file.entries()) {
+    for (const StateEntry& e : f.file.entries) {
       try {
         auto [it, fresh] = by_name.try_emplace(e.name);
         Gathered& g = it->second;
@@ -119,12 +124,12 @@ SourceSet describe_fsdp(const FsdpRole& role) {
                       shape_string(e.global_shape()) + " but rank " + std::to_string(g.first_rank) + " as " +
                       std::string(dtype_name(g.dtype)) + " " + shape_string(g.shape));
         }
-        auto check = [&](const TensorView& v) { set.records.push_back(record_check(fi, f.file.storage_record(v), e.name)); };
+        auto check = [&](const TensorView& v) { set.records.push_back(record_check(fi, f.file.record_of(v), e.name)); };
         if (const auto* v = std::get_if<TensorView>(&e.value)) {
           check(*v);
           // A plain tensor in a rank file is the whole tensor on every rank (persistent buffers,
           // world size 1, full state dicts): a replica, never a shard to concatenate.
-          g.candidates.push_back({f.rank, view_to_slice(fi, f.file.storage_offset_in_file(*v), *v,
+          g.candidates.push_back({f.rank, view_to_slice(fi, f.file.record_of(*v).data_offset, *v,
                                                         std::vector<int64_t>(v->size.size(), 0))});
           g.replicated_plain = true;
           g.origin = role.world_size > 1 ? "replicated (plain tensor on every rank)" : "whole tensor";
@@ -133,7 +138,7 @@ SourceSet describe_fsdp(const FsdpRole& role) {
           check(d->local);
           const auto runs = dtensor_local_runs(d->global_size, d->placements, d->mesh.shape,
                                              coordinate_of(*d, f.rank), d->shard_order);
-          for (Slice& s : view_to_slices(fi, f.file.storage_offset_in_file(d->local), d->local, runs))
+          for (Slice& s : view_to_slices(fi, f.file.record_of(d->local).data_offset, d->local, runs))
             g.candidates.push_back({f.rank, std::move(s)});
           g.origin = "DTensor " + placements_string(d->placements) + " on mesh " + mesh_string(d->mesh);
           if (!example) example = *d;
@@ -142,14 +147,14 @@ SourceSet describe_fsdp(const FsdpRole& role) {
           const auto& st = std::get<ShardedTensorValue>(e.value);
           for (const auto& local : st.local_shards) {
             check(local.view);
-            g.candidates.push_back({f.rank, view_to_slice(fi, f.file.storage_offset_in_file(local.view), local.view,
+            g.candidates.push_back({f.rank, view_to_slice(fi, f.file.record_of(local.view).data_offset, local.view,
                                                           local.offsets)});
           }
           g.origin = "ShardedTensor, " + std::to_string(st.all_shards.size()) + " shards";
           if (fresh) ++sharded;
         }
       } catch (Error& err) {
-        err.tensor(e.name).file(f.file.path());
+        err.tensor(e.name).file(f.file.path);
         throw;
       }
     }

@@ -8,12 +8,13 @@
 #include <string_view>
 
 #include "formats/dcp.hpp"
-#include "formats/torch_pt.hpp"
+#include "layouts/summaries.hpp"
 #include "layouts/names.hpp"
-#include "plan/sharding.hpp"
+#include "geometry/sharding.hpp"
 #include "shardmerge/error.hpp"
 #include "util/file.hpp"
 #include "util/json_fields.hpp"
+#include "util/shape.hpp"
 #include "util/text.hpp"
 
 namespace fs = std::filesystem;
@@ -26,16 +27,30 @@ bool is_training_state(const std::string& fqn) {
   return false;
 }
 
-SourceSet describe_megatron_dist(const std::string& dir, const std::string& scratch_dir) {
-  if (fs::is_regular_file(fs::path(dir) / "metadata.json")) {
-    const auto cfg = nlohmann::json::parse(read_small_file((fs::path(dir) / "metadata.json").string()), nullptr, false);
-    if (cfg.is_object() && cfg.contains("sharded_backend") && cfg["sharded_backend"] != "torch_dist")
-      throw Error("sharded_backend is " + cfg["sharded_backend"].dump() + "; only torch_dist checkpoints are supported")
-          .file((fs::path(dir) / "metadata.json").string());
-  }
-  const DcpMetadata meta = read_dcp_metadata(dir);
+namespace {
+
+// A dist_ckpt's metadata.json, when it names a backend, must name torch_dist.
+void check_sharded_backend(const std::string& dir) {
+  const fs::path path = fs::path(dir) / "metadata.json";
+  if (!fs::is_regular_file(path)) return;
+  const auto cfg = nlohmann::json::parse(read_small_file(path.string()), nullptr, false);
+  if (cfg.is_object() && cfg.contains("sharded_backend") && cfg["sharded_backend"] != "torch_dist")
+    throw Error("sharded_backend is " + cfg["sharded_backend"].dump() + "; only torch_dist checkpoints are supported")
+        .file(path.string());
+}
+
+}  // namespace
+
+SourceSet describe_megatron_dist(const std::string& dir) {
+  check_sharded_backend(dir);
+  return combine_megatron_dist(summarise_dcp(dir, [](const std::string& fqn) { return !is_training_state(fqn); }));
+}
+
+SourceSet combine_megatron_dist(const DcpSummary& summary) {
+  const DcpMetadata& meta = summary.metadata;
+  const std::string& dir = meta.dir;
   SourceSet set;
-  std::map<std::string, uint32_t> file_index;  // data file path -> SourceSet::files index
+  std::map<std::string, uint32_t> file_index;  // stored items' .distcp path -> SourceSet::files index
   size_t skipped = 0, chunks = 0;
   for (const DcpTensor& t : meta.tensors) {
     if (is_training_state(t.fqn)) {
@@ -50,11 +65,38 @@ SourceSet describe_megatron_dist(const std::string& dir, const std::string& scra
     s.shape = t.size;
     s.origin = std::to_string(t.chunks.size()) + " DCP chunk(s)";
     for (const DcpChunk& c : t.chunks) {
-      const DcpChunkData data = locate_dcp_chunk(meta, t, c, scratch_dir);
-      auto [it, fresh] = file_index.try_emplace(data.path, static_cast<uint32_t>(set.files.size()));
-      if (fresh) set.files.push_back({data.path, data.stamp.size, data.stamp});
-      s.pieces.push_back(view_to_slice(it->second, data.record.data_offset, data.view, c.offsets));
-      set.records.push_back(record_check(it->second, data.record, t.fqn));
+      const std::string path = (fs::path(dir) / c.relative_path).string();
+      try {
+        const auto stamp = summary.data_files.find(c.relative_path);
+        if (stamp == summary.data_files.end()) throw Error("no summary of the data file");
+        check_item_within(c, stamp->second.size);
+        if (item_coding(c) == DcpItemCoding::Zstd) {
+          // Its own source: the executor decodes the item's archive up to the end of the storage
+          // record and its CRC-32; slices and the record address those decoded bytes.
+          const auto item = summary.compressed_items.find({c.relative_path, c.offset});
+          if (item == summary.compressed_items.end())
+            throw Error("no summary of the compressed item at offset " + std::to_string(c.offset));
+          const ZipEntry& record = item->second.record;
+          const std::optional<uint64_t> crc32_at = item->second.crc32_at;
+          const auto fi = static_cast<uint32_t>(set.files.size());
+          SourceFile file(path, stamp->second.size, stamp->second);
+          const uint64_t needed = crc32_at ? std::max(record.data_offset + record.size, *crc32_at + 4) : record.data_offset + record.size;
+          file.compressed = CompressedItem{"zstd", c.offset, c.length, needed};
+          set.files.push_back(std::move(file));
+          s.pieces.push_back(view_to_slice(fi, record.data_offset, item->second.view, c.offsets));
+          set.records.push_back(record_check(fi, record, t.fqn));
+          set.records.back().crc32_at = crc32_at;
+        } else {
+          const auto item = summary.stored_items.find({c.relative_path, c.offset});
+          if (item == summary.stored_items.end()) throw Error("no summary of the item at offset " + std::to_string(c.offset));
+          auto [it, fresh] = file_index.try_emplace(path, static_cast<uint32_t>(set.files.size()));
+          if (fresh) set.files.push_back({path, stamp->second.size, stamp->second});
+          s.pieces.push_back(view_to_slice(it->second, item->second.record.data_offset, item->second.view, c.offsets));
+          set.records.push_back(record_check(it->second, item->second.record, t.fqn));
+        }
+      } catch (Error& e) {
+        throw e.tensor(t.fqn).file(path);
+      }
       ++chunks;
     }
     if (auto problem = check_tiling(s.shape, s.pieces))
@@ -91,7 +133,7 @@ std::optional<int64_t> leading_index(const std::string& s, size_t& end) {
 
 struct RankFile {
   int64_t tp = 0, pp = 0, ep = 0;
-  TorchFile file;
+  const TorchFileSummary* file = nullptr;
   uint32_t file_index = 0;
 };
 
@@ -103,7 +145,7 @@ struct Shard {
 };
 
 Slice whole_view(const RankFile& r, const TensorView& v) {
-  return view_to_slice(r.file_index, r.file.storage_offset_in_file(v), v, std::vector<int64_t>(v.size.size(), 0));
+  return view_to_slice(r.file_index, r.file->record_of(v).data_offset, v, std::vector<int64_t>(v.size.size(), 0));
 }
 
 // Concatenates TP shards along `dim` into one SourceTensor.
@@ -118,10 +160,10 @@ SourceTensor concat(const std::string& name, const std::vector<Shard>& shards, s
     throw Error("has " + std::to_string(shape.size()) + " dims; its TP shards are concatenated along dim " +
                 std::to_string(dim))
         .tensor(name)
-        .file(shards.front().rank->file.path());
+        .file(shards.front().rank->file->path);
   for (const Shard& s : shards) {
     if (s.view->dtype != out.dtype || s.view->size.size() != shape.size())
-      throw Error("TP shards disagree in dtype or rank").tensor(name).file(s.rank->file.path());
+      throw Error("TP shards disagree in dtype or rank").tensor(name).file(s.rank->file->path);
     Slice slice = whole_view(*s.rank, *s.view);
     slice.start[dim] = at;
     if (__builtin_add_overflow(at, s.view->size[dim], &at))
@@ -165,11 +207,11 @@ SourceTensor concat_gate_up(const std::string& name, const std::vector<Shard>& s
   return out;
 }
 
-}  // namespace
-
-SourceSet describe_megatron_legacy(const MegatronRole& role, const nlohmann::ordered_json& config) {
+// The TP/PP/EP indices of each mp_rank directory, in role.mp_rank_dirs order; `any_three` says
+// whether some name had three indices.
+std::vector<RankFile> mp_ranks(const MegatronRole& role, bool& any_three) {
   std::vector<RankFile> ranks;
-  bool any_three = false;
+  any_three = false;
   const auto dirs = static_cast<int64_t>(role.mp_rank_dirs.size());
   for (const std::string& dir : role.mp_rank_dirs) {
     const auto name = parse_mp_rank_dir(fs::path(dir).filename().string());
@@ -184,23 +226,43 @@ SourceSet describe_megatron_legacy(const MegatronRole& role, const nlohmann::ord
       throw Error("rank index past the " + std::to_string(dirs) + " mp_rank directories of the checkpoint (missing ranks?)")
           .file(dir);
     any_three = any_three || name->ep.has_value();
-    r.file = TorchFile::open((fs::path(dir) / "model.pt").string());
-    ranks.push_back(std::move(r));
+    ranks.push_back(r);
   }
+  return ranks;
+}
+
+}  // namespace
+
+SourceSet describe_megatron_legacy(const MegatronRole& role, const nlohmann::ordered_json& config) {
+  bool any_three = false;
+  mp_ranks(role, any_three);  // refuse bad directory names before opening their files
+  std::vector<TorchFileSummary> files;
+  for (const std::string& dir : role.mp_rank_dirs) files.push_back(summarise_torch_file((fs::path(dir) / "model.pt").string()));
+  return combine_megatron_legacy(role, config, files);
+}
+
+SourceSet combine_megatron_legacy(const MegatronRole& role, const nlohmann::ordered_json& config,
+                                  const std::vector<TorchFileSummary>& files) {
+  if (files.size() != role.mp_rank_dirs.size())
+    throw Error(std::to_string(files.size()) + " file summaries for " + std::to_string(role.mp_rank_dirs.size()) +
+                " mp_rank directories").file(role.path);
+  bool any_three = false;
+  std::vector<RankFile> ranks = mp_ranks(role, any_three);
   SourceSet set;
-  for (auto& r : ranks) {
-    r.file_index = static_cast<uint32_t>(set.files.size());
-    set.files.push_back({r.file.path(), r.file.file_size(), r.file.stamp()});
+  for (size_t i = 0; i < ranks.size(); ++i) {
+    ranks[i].file = &files[i];
+    ranks[i].file_index = static_cast<uint32_t>(set.files.size());
+    set.files.push_back({files[i].path, files[i].stamp.size, files[i].stamp});
   }
   // mp_rank_<tp>_<x> is a PP rank, unless every file holds both the embedding and the final
   // norm: then there is one stage and x is the EP rank.
-  auto has = [](const TorchFile& f, const std::string& suffix) {
-    return std::any_of(f.entries().begin(), f.entries().end(), [&](const StateEntry& e) {
+  auto has = [](const TorchFileSummary& f, const std::string& suffix) {
+    return std::any_of(f.entries.begin(), f.entries.end(), [&](const StateEntry& e) {
       return e.name.size() >= suffix.size() && e.name.compare(e.name.size() - suffix.size(), suffix.size(), suffix) == 0;
     });
   };
   if (!any_three && std::all_of(ranks.begin(), ranks.end(), [&](const RankFile& r) {
-        return has(r.file, "embedding.word_embeddings.weight") && has(r.file, "decoder.final_layernorm.weight");
+        return has(*r.file, "embedding.word_embeddings.weight") && has(*r.file, "decoder.final_layernorm.weight");
       }))
     for (auto& r : ranks) std::swap(r.pp, r.ep);
 
@@ -221,9 +283,9 @@ SourceSet describe_megatron_legacy(const MegatronRole& role, const nlohmann::ord
   std::map<std::tuple<int64_t, int64_t, int64_t, std::string>, std::vector<Shard>> keys;
   std::map<std::pair<int64_t, int64_t>, int64_t> chunk_layers;  // (vpp chunk, pp) -> layers
   for (const auto& r : ranks) {
-    for (const StateEntry& e : r.file.entries()) {
+    for (const StateEntry& e : r.file->entries) {
       const auto* v = std::get_if<TensorView>(&e.value);
-      if (!v) throw Error("legacy per-rank files hold plain tensors; found a sharded one").tensor(e.name).file(r.file.path());
+      if (!v) throw Error("legacy per-rank files hold plain tensors; found a sharded one").tensor(e.name).file(r.file->path);
       size_t dot = 0;
       int64_t chunk = 0;
       std::string key = e.name;
@@ -234,13 +296,13 @@ SourceSet describe_megatron_legacy(const MegatronRole& role, const nlohmann::ord
       if (key.find("_extra_state") != std::string::npos) continue;
       if (key.rfind("model.", 0) == 0 || key.rfind("lm_head.", 0) == 0)
         throw Error("verl 0.3 (L0) per-rank checkpoints with verl's own parallel model names are not supported")
-            .tensor(e.name).file(r.file.path());
+            .tensor(e.name).file(r.file->path);
       const std::string layers = "decoder.layers.";
       if (key.rfind(layers, 0) == 0 && r.tp == 0 && r.ep == 0)
         if (auto l = leading_index(key.substr(layers.size()), dot))
           chunk_layers[{chunk, r.pp}] = std::max(chunk_layers[{chunk, r.pp}], *l + 1);
       keys[{r.pp, chunk, r.ep, key}].push_back({r.tp, v, &r});
-      set.records.push_back(record_check(r.file_index, r.file.storage_record(*v), e.name));
+      set.records.push_back(record_check(r.file_index, r.file->record_of(*v), e.name));
     }
   }
   // Global layer offsets: chunks in (vpp outer, pp inner) order, as Megatron's interleaved schedule.

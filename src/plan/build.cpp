@@ -7,7 +7,7 @@
 #include <unordered_set>
 
 #include "formats/safetensors.hpp"
-#include "plan/sharding.hpp"
+#include "geometry/sharding.hpp"
 #include "shardmerge/error.hpp"
 
 namespace shardmerge {

@@ -1,9 +1,6 @@
 #include "plan/planner.hpp"
 
-#include <unistd.h>
-
 #include <algorithm>
-#include <atomic>
 #include <filesystem>
 #include <span>
 
@@ -131,6 +128,7 @@ PlannedMerge plan_megatron(const MergeRequest& req, const layouts::MegatronRole&
       PlannedMerge folded =
           plan_fold_lora({hf->path, adapter, req.output, req.lora, req.lora_alpha, req.force_lora_alpha});
       folded.role_dir = role.path;
+      folded.plan.source_dir = role.path;  // what a plan file's merge keeps the target out of
       folded.other_source_dirs.clear();
       folded.plan.notes.insert(folded.plan.notes.begin(), "the checkpoint's HF weights in " + hf->path +
                                                               " are complete; LoRA comes from the PEFT adapter in " + adapter);
@@ -159,8 +157,7 @@ PlannedMerge plan_megatron(const MergeRequest& req, const layouts::MegatronRole&
         .file(role.path);
   SourceSet megatron;
   if (!role.dist_ckpt.empty()) {
-    out.scratch = std::make_shared<ScratchDir>();
-    megatron = layouts::describe_megatron_dist(role.dist_ckpt, out.scratch->path());
+    megatron = layouts::describe_megatron_dist(role.dist_ckpt);
   } else if (!role.mp_rank_dirs.empty()) {
     megatron = layouts::describe_megatron_legacy(role, hf->config);
   } else {
@@ -207,18 +204,6 @@ PlannedMerge plan_megatron(const MergeRequest& req, const layouts::MegatronRole&
 }
 
 }  // namespace
-
-ScratchDir::ScratchDir() {
-  static std::atomic<int> counter{0};
-  path_ = (std::filesystem::temp_directory_path() /
-           ("shardmerge-scratch-" + std::to_string(::getpid()) + "-" + std::to_string(counter++)))
-              .string();
-}
-
-ScratchDir::~ScratchDir() {
-  std::error_code ec;
-  std::filesystem::remove_all(path_, ec);
-}
 
 PlannedMerge plan_fold_lora(const FoldLoraRequest& req) {
   PlannedMerge out;

@@ -2,7 +2,6 @@
 // Dispatches on the detected layout (FSDP role dir today; Megatron and HF+adapter alongside).
 #pragma once
 
-#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -26,25 +25,11 @@ struct MergeRequest {
   std::string hf_model_path;  // config/tokenizer source replacing the checkpoint's huggingface/
 };
 
-// A directory that lives as long as the plan needs it (decoded compressed items).
-class ScratchDir {
- public:
-  ScratchDir();
-  ~ScratchDir();
-  ScratchDir(const ScratchDir&) = delete;
-  ScratchDir& operator=(const ScratchDir&) = delete;
-  const std::string& path() const { return path_; }
-
- private:
-  std::string path_;
-};
-
 struct PlannedMerge {
   MergePlan plan;
   std::string role_dir;
   std::vector<std::string> lora_summary;  // for inspect
   SourceSet sources;                      // what the plan's slices point into
-  std::shared_ptr<ScratchDir> scratch;    // must outlive the plan's execution
   std::vector<std::string> other_source_dirs;  // besides role_dir: never written into (fold-lora's base)
 };
 

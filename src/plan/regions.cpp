@@ -1,6 +1,6 @@
 #include "plan/regions.hpp"
 
-#include "plan/sharding.hpp"
+#include "geometry/sharding.hpp"
 #include "shardmerge/error.hpp"
 
 namespace shardmerge {

@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 
 #include "shardmerge/error.hpp"
@@ -52,6 +53,22 @@ File File::create(const std::string& path, bool overwrite) {
   int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | (overwrite ? O_TRUNC : O_EXCL), 0644);
   if (fd < 0) throw sys_error("cannot create", path);
   return File(fd, path);
+}
+
+File File::anonymous_temp() {
+  const char* env = std::getenv("TMPDIR");
+  const std::string dir = env && *env ? env : "/tmp";
+  const std::string where = dir + "/(unnamed temp file)";
+  int fd = ::open(dir.c_str(), O_TMPFILE | O_RDWR | O_CLOEXEC, 0600);
+  if (fd < 0 && (errno == EOPNOTSUPP || errno == EISDIR || errno == EINVAL)) {
+    // A filesystem without O_TMPFILE: a named file, unlinked at once.
+    std::string name = dir + "/shardmerge-XXXXXX";
+    fd = ::mkostemp(name.data(), O_CLOEXEC);
+    if (fd < 0) throw sys_error("cannot create a temp file", dir);
+    ::unlink(name.c_str());
+  }
+  if (fd < 0) throw sys_error("cannot create a temp file", dir);
+  return File(fd, where);
 }
 
 uint64_t File::size() const {

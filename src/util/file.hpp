@@ -20,6 +20,9 @@ class File {
   static File open_read(const std::string& path);
   // Creates a file for writing; fails if it exists unless `overwrite`.
   static File create(const std::string& path, bool overwrite = false);
+  // A file for reading and writing with no name, in $TMPDIR (or /tmp): nothing is left behind
+  // once it is closed, even when the process is killed. `path()` says where it is, for errors.
+  static File anonymous_temp();
 
   bool is_open() const { return fd_ >= 0; }
   int fd() const { return fd_; }

@@ -23,10 +23,12 @@ FileStamp file_stamp(int fd, const std::string& path) {
   return s;
 }
 
-std::optional<std::string> stamp_change(const FileStamp& then, const FileStamp& now) {
-  if (then.inode != now.inode || then.device != now.device) return "replaced by another file (inode changed)";
+std::optional<std::string> stamp_change(const FileStamp& then, const FileStamp& now, StampMatch match) {
+  if (match == StampMatch::Exact && (then.inode != now.inode || then.device != now.device))
+    return "replaced by another file (inode changed)";
   if (then.size != now.size) return "size " + std::to_string(then.size) + " -> " + std::to_string(now.size) + " bytes";
   if (then.mtime_ns != now.mtime_ns) return "modified (mtime changed)";
+  if (match == StampMatch::SizeAndMtime) return std::nullopt;
   // ctime also moves on a write whose mtime was set back (touch -d, cp -p over the file).
   if (then.ctime_ns != now.ctime_ns) return "modified (ctime changed)";
   return std::nullopt;

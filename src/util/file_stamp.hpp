@@ -13,8 +13,13 @@ namespace shardmerge {
 FileStamp file_stamp(const File& file);
 FileStamp file_stamp(int fd, const std::string& path);
 
+// What must match for a file to count as unchanged. Exact: the same file, untouched (a merge
+// planned and run by one process). SizeAndMtime: the same size and mtime (a plan file run on
+// another machine or over a copied tree sees the same file with another inode, device, ctime).
+enum class StampMatch { Exact, SizeAndMtime };
+
 // One line saying how `now` differs from `then` ("size 10 -> 12 bytes", "modified: mtime ..."),
-// or nothing when they are equal.
-std::optional<std::string> stamp_change(const FileStamp& then, const FileStamp& now);
+// or nothing when they match.
+std::optional<std::string> stamp_change(const FileStamp& then, const FileStamp& now, StampMatch match);
 
 }  // namespace shardmerge

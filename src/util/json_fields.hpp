@@ -17,26 +17,35 @@ namespace shardmerge {
 namespace json_fields_detail {
 
 template <typename T>
-constexpr const char* expected_name() {
+std::string expected_name() {
   if constexpr (std::is_same_v<T, bool>) return "a boolean";
   else if constexpr (std::is_same_v<T, std::string>) return "a string";
-  else if constexpr (std::is_integral_v<T>) return "an integer";
+  else if constexpr (std::is_same_v<T, int64_t>) return "an integer";
+  else if constexpr (std::is_same_v<T, uint64_t>) return "a non-negative integer";
+  else if constexpr (std::is_integral_v<T>)
+    return "an integer in [" + std::to_string(std::numeric_limits<T>::min()) + ", " +
+           std::to_string(std::numeric_limits<T>::max()) + "]";
   else return "a number";
 }
 
+// Integers must fit T: a negative value is not read as a huge unsigned one, nor a large one cut short.
 template <typename T, typename Json>
 bool holds(const Json& v) {
   if constexpr (std::is_same_v<T, bool>) return v.is_boolean();
   else if constexpr (std::is_same_v<T, std::string>) return v.is_string();
-  else if constexpr (std::is_integral_v<T>)
-    return v.is_number_integer() &&
-           (!v.is_number_unsigned() || v.template get<uint64_t>() <= static_cast<uint64_t>(std::numeric_limits<T>::max()));
-  else return v.is_number();
+  else if constexpr (std::is_integral_v<T>) {
+    if (!v.is_number_integer()) return false;
+    if (v.is_number_unsigned())
+      return v.template get<uint64_t>() <= static_cast<uint64_t>(std::numeric_limits<T>::max());
+    const int64_t x = v.template get<int64_t>();
+    if constexpr (std::is_unsigned_v<T>) return x >= 0 && static_cast<uint64_t>(x) <= std::numeric_limits<T>::max();
+    else return x >= std::numeric_limits<T>::min() && x <= std::numeric_limits<T>::max();
+  } else return v.is_number();
 }
 
 }  // namespace json_fields_detail
 
-// `object[key]` as T (bool, std::string, int64_t or double); nullopt when `object` is not an
+// `object[key]` as T (bool, std::string, an integer type or double); nullopt when `object` is not an
 // object or has no such key or holds null there. Another type is an Error naming `file` and
 // the field (`parent.key` when `parent` is given).
 template <typename T, typename Json>

@@ -1,4 +1,4 @@
-#include "util/trace.hpp"
+#include "shardmerge/trace.hpp"
 
 #include <functional>
 #include <nlohmann/json.hpp>

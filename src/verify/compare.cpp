@@ -5,7 +5,7 @@
 #include <cstring>
 
 #include "exec/convert_cpu.hpp"
-#include "plan/sharding.hpp"
+#include "geometry/sharding.hpp"
 #include "shardmerge/convert.hpp"
 #include "shardmerge/error.hpp"
 

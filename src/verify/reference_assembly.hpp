@@ -1,7 +1,7 @@
 // The checkpoint's tensors as `verify` sees them: assembled element by element from each
 // source file's own metadata (DTensor placements and mesh coordinates, ShardedTensor offsets,
 // DCP chunk offsets, whole safetensors tensors), by index arithmetic written here and nowhere
-// else. It deliberately shares nothing with the merge plan's slice arithmetic (plan/sharding,
+// else. It deliberately shares nothing with the merge plan's slice arithmetic (geometry/sharding,
 // plan/regions, exec/tasks, exec/gather), so a planning error cannot agree with itself.
 #pragma once
 

@@ -1,11 +1,14 @@
 #include "verify/reference_verify.hpp"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <set>
 #include <thread>
@@ -394,6 +397,28 @@ void reference_from_hf(ReferenceModel& model, const std::string& weights_dir, co
     add_safetensors_reference(model.sources, {adapter.string()}, "the PEFT adapter's safetensors");
   map_peft_names(model, base);
 }
+
+// Where verify decodes a dist_ckpt's compressed items (planning never decodes them); removed
+// when verify is done.
+class ScratchDir {
+ public:
+  ScratchDir() {
+    static std::atomic<int> counter{0};
+    path_ = (fs::temp_directory_path() /
+             ("shardmerge-scratch-" + std::to_string(::getpid()) + "-" + std::to_string(counter++)))
+                .string();
+  }
+  ~ScratchDir() {
+    std::error_code ec;
+    fs::remove_all(path_, ec);
+  }
+  ScratchDir(const ScratchDir&) = delete;
+  ScratchDir& operator=(const ScratchDir&) = delete;
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+};
 
 // The checkpoint the plan was made from, read its own way.
 ReferenceModel open_reference(const PlannedMerge& pm, std::shared_ptr<ScratchDir>& scratch) {

@@ -11,7 +11,7 @@
 #include <cstring>
 #include <filesystem>
 
-#include "exec/io.hpp"
+#include "util/fd_io.hpp"
 #include "shardmerge/error.hpp"
 #include "util/free_space.hpp"
 #include "write/stale_temps.hpp"

@@ -11,7 +11,7 @@
 
 #include "layouts/names.hpp"
 #include "plan/megatron_names.hpp"
-#include "plan/sharding.hpp"
+#include "geometry/sharding.hpp"
 #include "shardmerge/error.hpp"
 
 namespace {

@@ -5,6 +5,7 @@
 #ifdef SHARDMERGE_HAVE_CUDA
 
 #include <gtest/gtest.h>
+#include <zstd.h>
 
 #include <cmath>
 #include <cstring>
@@ -289,6 +290,32 @@ TEST_F(CudaExecutorTest, SeveralGpusShareThePlan) {
   expect_identical(plan, run_both(plan, make_cuda_executor({0, 1}, uint64_t{1} << 20)));
   const MergePlan folds = lora_plan(DType::BF16);
   expect_fold_agrees(folds, run_both(folds, make_cuda_executor({1, 0}, 0)));
+}
+
+TEST_F(CudaExecutorTest, CompressedSourcesGiveTheBytesOfTheirUncompressedFiles) {
+  REQUIRE_CUDA_DEVICES(1);
+  // Each source file of the mixed plan stored as one zstd frame inside another file; the
+  // oracle is the CPU executor on the uncompressed files.
+  const MergePlan plain = mixed_plan(DType::BF16);
+  MergePlan packed = plain;
+  for (size_t i = 0; i < packed.sources.size(); ++i) {
+    SourceFile& s = packed.sources[i];
+    const std::string data = test::read_file(s.path);
+    std::string frame(ZSTD_compressBound(data.size()), '\0');
+    frame.resize(ZSTD_compress(frame.data(), frame.size(), data.data(), data.size(), 3));
+    const std::string bytes = "prefix" + frame + "suffix";
+    s.path = dir / ("packed" + std::to_string(i) + ".distcp");
+    File::create(s.path).write_exact(0, bytes.data(), bytes.size());
+    s.compressed = CompressedItem{"zstd", 6, frame.size(), data.size()};
+    s.size = bytes.size();
+  }
+  MemorySink want(plain, 0);
+  make_cpu_executor()->run(plain, want, ExecOptions{});
+  const Outputs o = run_both(packed, make_cuda_executor({0}, uint64_t{1} << 20));
+  for (const OutputTensor& t : plain.tensors) {
+    EXPECT_TRUE(o.gpu.tensor(t) == want.tensor(t)) << t.name;
+    EXPECT_TRUE(o.cpu.tensor(t) == want.tensor(t)) << t.name;
+  }
 }
 
 TEST_F(CudaExecutorTest, WritesATreeThatVerifiesAndComparesThroughTheVerifySink) {

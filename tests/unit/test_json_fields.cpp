@@ -46,6 +46,18 @@ TEST(JsonFields, TypedOptionalFields) {
   EXPECT_EQ(error_of([&] { json_field<bool>(j, "s", "/c/f.json", "parent"); }), "/c/f.json: 'parent.s' is \"x\", not a boolean");
 }
 
+TEST(JsonFields, IntegersMustFitTheirType) {
+  const json j = {{"neg", -1}, {"pos", 5}, {"big", 4294967296ull}, {"small", -2147483649ll}};
+  EXPECT_EQ(error_of([&] { json_field<uint64_t>(j, "neg", "f.json"); }), "f.json: 'neg' is -1, not a non-negative integer");
+  EXPECT_EQ(json_field<uint64_t>(j, "pos", "f.json"), 5u);
+  EXPECT_EQ(json_field<uint32_t>(json{{"v", int64_t{7}}}, "v", "f.json"), 7u);  // a signed 7 built in code
+  EXPECT_EQ(error_of([&] { json_field<uint32_t>(j, "big", "f.json"); }),
+            "f.json: 'big' is 4294967296, not an integer in [0, 4294967295]");
+  EXPECT_EQ(error_of([&] { json_field<int32_t>(j, "small", "f.json"); }),
+            "f.json: 'small' is -2147483649, not an integer in [-2147483648, 2147483647]");
+  EXPECT_EQ(json_field<int64_t>(j, "small", "f.json"), -2147483649ll);
+}
+
 TEST(JsonFields, AdapterConfigAndTrainMetaNameFileAndField) {
   const std::string source = "/ckpt/lora_adapter/adapter_config.json";
   EXPECT_EQ(error_of([&] { lora_config_from_adapter_config({{"peft_type", 3}}, source); }),

@@ -7,6 +7,7 @@
 #include "plan/build.hpp"
 #include "plan/lora.hpp"
 #include "plan/peft_names.hpp"
+#include "plan/plan_file.hpp"
 #include "shardmerge/error.hpp"
 #include "test_support.hpp"
 #include "util/bytes.hpp"
@@ -255,7 +256,7 @@ TEST(PlanBuild, CastsFloatsOnlyAndRewritesConfigDtype) {
   OutputOptions opt;
   opt.dtype_policy = DTypePolicy::Auto;
   EXPECT_EQ(build_plan(in, opt).tensors[0].dtype, DType::F32);
-  const auto j = to_json(plan);
+  const auto j = plan_to_json(plan, nlohmann::ordered_json::object());
   EXPECT_EQ(j["tensors"][0]["ops"][0]["op"], "cast");
   EXPECT_EQ(j["tensors"][0]["copies"][0]["file"], "/nonexistent/rank0.pt");
   EXPECT_EQ(j["tensors"][1]["ops"].size(), 0u);

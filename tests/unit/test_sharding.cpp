@@ -3,7 +3,7 @@
 
 #include <limits>
 
-#include "plan/sharding.hpp"
+#include "geometry/sharding.hpp"
 #include "shardmerge/error.hpp"
 #include "util/shape.hpp"
 

@@ -53,7 +53,6 @@ class CudaExecutor : public Executor {
   std::string name() const override { return name_; }
 
   ExecStats run(const MergePlan& plan, const OutputSink& out, const ExecOptions& options) override {
-    OpenSources sources(plan, options.check_crc);
     const bool folds = std::any_of(plan.tensors.begin(), plan.tensors.end(), [](const OutputTensor& t) { return t.lora.has_value(); });
     // --memory-limit counts the contexts and cuBLAS: a limit that cannot hold them is refused
     // before a context is created (creating it would already pass the limit).
@@ -83,6 +82,7 @@ class CudaExecutor : public Executor {
     staging.chunk = chunk_ = chunk_ ? std::min(chunk_, staging.chunk) : staging.chunk;
     const std::vector<Task> tasks = make_tasks(plan, TaskLimits{staging.chunk, staging.chunk});
     const std::vector<std::vector<Task>> parts = split_by_bytes(plan, tasks, devices_.size());
+    OpenSources sources(plan, source_files_read(plan, tasks), options.check_crc, options.rank);
 
     cuda::IoPool io(options.threads ? options.threads : default_io_threads());
     cuda::SharedRun shared(plan, sources.fds(), out, options, io);

@@ -6,7 +6,6 @@
 
 #include "exec/fill.hpp"
 #include "shardmerge/error.hpp"
-#include "util/progress.hpp"
 
 namespace shardmerge::cuda {
 namespace {
@@ -337,7 +336,7 @@ void DeviceRunner::write(const Output& where, const uint8_t* data) {
 
 void DeviceRunner::wrote(uint64_t bytes) {
   run_.bytes_written += bytes;
-  if (run_.options.progress) run_.options.progress->add(bytes);
+  if (run_.options.on_written) run_.options.on_written(bytes);
 }
 
 Trace::Scope DeviceRunner::trace(const char* name, uint64_t bytes) const {

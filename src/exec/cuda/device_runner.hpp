@@ -23,7 +23,7 @@
 #include "kernels/gather_box.cuh"
 #include "kernels/kernels.hpp"
 #include "shardmerge/executor.hpp"
-#include "util/trace.hpp"
+#include "shardmerge/trace.hpp"
 
 namespace shardmerge::cuda {
 

@@ -13,7 +13,8 @@ namespace shardmerge::dist {
 std::vector<int> assign_files(const MergePlan& plan, int world_size);
 
 // The plan restricted to the tensors of the files `rank` owns (same files and sources, so
-// offsets stay valid), and the matching ownership flags.
+// offsets stay valid; an executor opens only the sources those tensors read), and the
+// matching ownership flags.
 struct RankShare {
   MergePlan plan;
   std::vector<bool> owned_files;

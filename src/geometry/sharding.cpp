@@ -1,4 +1,4 @@
-#include "plan/sharding.hpp"
+#include "geometry/sharding.hpp"
 
 #include <algorithm>
 #include <numeric>
@@ -84,6 +84,13 @@ Slice view_to_slice(uint32_t file, uint64_t storage_offset_in_file, const Tensor
   s.start = start;
   s.extent = view.size;
   return s;
+}
+
+Slice dense_slice(uint32_t file, uint64_t offset, DType dtype, const std::vector<int64_t>& start,
+                  const std::vector<int64_t>& extent) {
+  std::vector<int64_t> strides(extent.size(), 1);
+  for (size_t d = extent.size(); d-- > 1;) strides[d - 1] = strides[d] * extent[d];
+  return {file, offset, dtype, std::move(strides), start, extent};
 }
 
 std::vector<Slice> view_to_slices(uint32_t file, uint64_t storage_offset_in_file, const TensorView& view,

@@ -1,4 +1,4 @@
-#include "synthetic_fsdp.hpp"
+#include "synth/synthetic_fsdp.hpp"
 
 #include <filesystem>
 #include <cstring>
@@ -16,7 +16,7 @@
 
 namespace fs = std::filesystem;
 
-namespace shardmerge::bench {
+namespace shardmerge::synth {
 
 const std::vector<ModelShape>& model_shapes() {
   // Public configs (config.json) of the models whose shapes we borrow.
@@ -59,14 +59,15 @@ struct Param {
   std::vector<int64_t> shape;
   uint64_t id;         // value stream
   int64_t shares = -1;  // index of the param whose storage this one aliases (tied lm_head)
+  bool adapter = false;  // a LoRA A or B matrix
 };
 
 std::vector<Param> model_params(const ModelShape& m, int64_t lora_rank) {
   std::vector<Param> out;
   const int64_t hd = m.hidden / m.heads, kv = m.kv_heads * hd;
   const std::string prefix = lora_rank > 0 ? "base_model.model." : "";
-  auto add = [&](const std::string& name, std::vector<int64_t> shape) {
-    out.push_back({prefix + name, std::move(shape), out.size(), -1});
+  auto add = [&](const std::string& name, std::vector<int64_t> shape, bool adapter = false) {
+    out.push_back({prefix + name, std::move(shape), out.size(), -1, adapter});
   };
   // PEFT wraps targeted Linear layers: weight/bias move under base_layer, A and B follow.
   auto linear = [&](const std::string& name, int64_t rows, int64_t cols, bool bias) {
@@ -74,8 +75,8 @@ std::vector<Param> model_params(const ModelShape& m, int64_t lora_rank) {
     add(base + ".weight", {rows, cols});
     if (bias) add(base + ".bias", {rows});
     if (lora_rank > 0) {
-      add(name + ".lora_A.default.weight", {lora_rank, cols});
-      add(name + ".lora_B.default.weight", {rows, lora_rank});
+      add(name + ".lora_A.default.weight", {lora_rank, cols}, true);
+      add(name + ".lora_B.default.weight", {rows, lora_rank}, true);
     }
   };
   add("model.embed_tokens.weight", {m.vocab, m.hidden});
@@ -312,6 +313,23 @@ void write_json(const fs::path& path, const nlohmann::ordered_json& j, int inden
 
 }  // namespace
 
+SyntheticSize estimate_synthetic(const SyntheticOptions& o) {
+  const ModelShape& m = find_model(o.model);
+  if (o.world_size < 1) throw usage_error("world size must be positive");
+  const uint64_t elem = o.dtype == "bfloat16" ? 2 : 4, world = static_cast<uint64_t>(o.world_size);
+  // Per rank: the pickle and zip records (a few KiB per tensor at most) beside the storages.
+  constexpr uint64_t kPerTensorOverhead = 4096, kPerFileOverhead = 1 << 20;
+  SyntheticSize size;
+  for (const Param& p : model_params(m, o.lora_rank)) {
+    const uint64_t rows = static_cast<uint64_t>(p.shape[0]), row = static_cast<uint64_t>(row_elems(p.shape));
+    if (p.shares < 0) size.rank_file_bytes += world * ((rows + world - 1) / world) * row * elem;
+    size.rank_file_bytes += world * kPerTensorOverhead;
+    if (p.shares < 0 && !p.adapter) size.merged_bytes += rows * row * 2 + kPerTensorOverhead;
+  }
+  size.rank_file_bytes += world * kPerFileOverhead;
+  return size;
+}
+
 SyntheticSummary write_synthetic_fsdp(const SyntheticOptions& o) {
   const ModelShape& m = find_model(o.model);
   if (o.world_size < 1) throw usage_error("world size must be positive");
@@ -358,4 +376,4 @@ SyntheticSummary write_synthetic_fsdp(const SyntheticOptions& o) {
   return summary;
 }
 
-}  // namespace shardmerge::bench
+}  // namespace shardmerge::synth

@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-namespace shardmerge::bench {
+namespace shardmerge::synth {
 
 struct ModelShape {
   std::string name;   // "qwen2.5-0.5b"
@@ -41,7 +41,16 @@ struct SyntheticSummary {
 
 SyntheticSummary write_synthetic_fsdp(const SyntheticOptions& options);
 
+// What write_synthetic_fsdp will write, and what a default merge of it writes, computed from the
+// shape alone (zip and pickle overheads estimated from above), so a caller can check free space
+// before generating.
+struct SyntheticSize {
+  uint64_t rank_file_bytes = 0;
+  uint64_t merged_bytes = 0;  // bf16 weights, LoRA folded, tied lm_head not written
+};
+SyntheticSize estimate_synthetic(const SyntheticOptions& options);
+
 // The value synthetic checkpoints hold at `index` of tensor number `tensor` (as fp32).
 float synthetic_value(uint64_t tensor, uint64_t index);
 
-}  // namespace shardmerge::bench
+}  // namespace shardmerge::synth

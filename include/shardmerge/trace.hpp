@@ -1,5 +1,6 @@
 // A Chrome trace (chrome://tracing, Perfetto) of what each thread did when: plan, read, cast,
-// write, fsync... Disabled traces cost one branch per scope.
+// write, fsync... Disabled traces cost one branch per scope. Public: executors time their phases
+// through it (ExecOptions::trace).
 #pragma once
 
 #include <chrono>

@@ -45,6 +45,11 @@ std::vector<Slice> view_to_slices(uint32_t file, uint64_t storage_offset_in_file
 Slice view_to_slice(uint32_t file, uint64_t storage_offset_in_file, const TensorView& view,
                     const std::vector<int64_t>& start);
 
+// A row-major dense region at `offset` placed at box [start, start + extent) (safetensors
+// tensors, decoded DCP items).
+Slice dense_slice(uint32_t file, uint64_t offset, DType dtype, const std::vector<int64_t>& start,
+                  const std::vector<int64_t>& extent);
+
 // Does `slices` tile [0, shape) exactly once? Returns a description of the first problem.
 struct TilingProblem {
   enum class Kind { Overlap, Gap, OutOfBounds } kind;
