@@ -107,7 +107,8 @@ TEST(TorchItemHead, FindsTheViewAndTheStorageRecordAsTheCentralDirectoryDoesWith
   TempDir dir;
   const std::string bytes = archive(dir, torch_records(6, 40, 300, 20));
   write_small_file(dir / "whole.pt", bytes, /*overwrite=*/true);
-  const ZipEntry* oracle = ZipArchive::read(File::open_read(dir / "whole.pt")).find("item/data/0");
+  const ZipArchive zip = ZipArchive::read(File::open_read(dir / "whole.pt"));
+  const ZipEntry* oracle = zip.find("item/data/0");
   ASSERT_NE(oracle, nullptr);
 
   uint64_t pulled = 0;
@@ -137,7 +138,8 @@ TEST(TorchItemHead, ReadsTheHeadOfACompressedDcpItemAndChecksItAgainstTheMetadat
   TempDir dir;
   const std::string bytes = archive(dir, torch_records(6, 40, 240));
   write_small_file(dir / "whole.pt", bytes, /*overwrite=*/true);
-  const ZipEntry* oracle = ZipArchive::read(File::open_read(dir / "whole.pt")).find("item/data/0");
+  const ZipArchive zip = ZipArchive::read(File::open_read(dir / "whole.pt"));
+  const ZipEntry* oracle = zip.find("item/data/0");
   ASSERT_NE(oracle, nullptr);
   std::string frame(ZSTD_compressBound(bytes.size()), '\0');
   frame.resize(ZSTD_compress(frame.data(), frame.size(), bytes.data(), bytes.size(), 3));
