@@ -60,50 +60,6 @@ double median(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
-// ---- 1. copy ceilings ------------------------------------------------------------------------
-
-void copy_ceilings(Report& report, int reps) {
-  report.line("#");
-  report.line("# copy ceilings: pinned host memory <-> device, cudaMemcpyAsync, median of %d after 2 warm-ups", reps);
-  report.line("#%14s %10s %12s %10s", "size(B)", "direction", "time(us)", "GB/s");
-  const uint64_t largest = 256ull << 20;
-  void* host = nullptr;
-  void* dev = nullptr;
-  cuda::check(cudaHostAlloc(&host, largest, cudaHostAllocDefault), "cudaHostAlloc");
-  cuda::check(cudaMalloc(&dev, largest), "cudaMalloc");
-  std::memset(host, 0x3C, largest);  // real bytes, and every page touched before timing
-  cudaStream_t stream;
-  cudaEvent_t start, stop;
-  cuda::check(cudaStreamCreate(&stream), "cudaStreamCreate");
-  cuda::check(cudaEventCreate(&start), "cudaEventCreate");
-  cuda::check(cudaEventCreate(&stop), "cudaEventCreate");
-  for (uint64_t size : {1ull << 20, 16ull << 20, 64ull << 20, 256ull << 20})
-    for (bool h2d : {true, false}) {
-      std::vector<double> ms;
-      for (int i = 0; i < reps + 2; ++i) {
-        cuda::check(cudaEventRecord(start, stream), "cudaEventRecord");
-        cuda::check(h2d ? cudaMemcpyAsync(dev, host, size, cudaMemcpyHostToDevice, stream)
-                        : cudaMemcpyAsync(host, dev, size, cudaMemcpyDeviceToHost, stream),
-                    "cudaMemcpyAsync");
-        cuda::check(cudaEventRecord(stop, stream), "cudaEventRecord");
-        cuda::check(cudaEventSynchronize(stop), "cudaEventSynchronize");
-        float t = 0;
-        cuda::check(cudaEventElapsedTime(&t, start, stop), "cudaEventElapsedTime");
-        if (i >= 2) ms.push_back(t);
-      }
-      const double m = median(ms);
-      report.line(" %14llu %10s %12.1f %10.2f", static_cast<unsigned long long>(size), h2d ? "H2D" : "D2H", m * 1e3,
-                  static_cast<double>(size) / (m * 1e-3) / 1e9);
-    }
-  cudaEventDestroy(start);
-  cudaEventDestroy(stop);
-  cudaStreamDestroy(stream);
-  cudaFree(dev);
-  cudaFreeHost(host);
-}
-
-// ---- 1b. kernels against the device-memory ceiling -------------------------------------------
-
 // Median milliseconds of `enqueue` on `stream`, timed with events, after 2 warm-ups.
 template <class Enqueue>
 double time_on_stream(cudaStream_t stream, int reps, Enqueue&& enqueue) {
@@ -124,6 +80,37 @@ double time_on_stream(cudaStream_t stream, int reps, Enqueue&& enqueue) {
   cudaEventDestroy(stop);
   return median(ms);
 }
+
+// ---- 1. copy ceilings ------------------------------------------------------------------------
+
+void copy_ceilings(Report& report, int reps) {
+  report.line("#");
+  report.line("# copy ceilings: pinned host memory <-> device, cudaMemcpyAsync, median of %d after 2 warm-ups", reps);
+  report.line("#%14s %10s %12s %10s", "size(B)", "direction", "time(us)", "GB/s");
+  const uint64_t largest = 256ull << 20;
+  void* host = nullptr;
+  void* dev = nullptr;
+  cuda::check(cudaHostAlloc(&host, largest, cudaHostAllocDefault), "cudaHostAlloc");
+  cuda::check(cudaMalloc(&dev, largest), "cudaMalloc");
+  std::memset(host, 0x3C, largest);  // real bytes, and every page touched before timing
+  cudaStream_t stream;
+  cuda::check(cudaStreamCreate(&stream), "cudaStreamCreate");
+  for (uint64_t size : {1ull << 20, 16ull << 20, 64ull << 20, 256ull << 20})
+    for (bool h2d : {true, false}) {
+      const double m = time_on_stream(stream, reps, [&] {
+        cuda::check(h2d ? cudaMemcpyAsync(dev, host, size, cudaMemcpyHostToDevice, stream)
+                        : cudaMemcpyAsync(host, dev, size, cudaMemcpyDeviceToHost, stream),
+                    "cudaMemcpyAsync");
+      });
+      report.line(" %14llu %10s %12.1f %10.2f", static_cast<unsigned long long>(size), h2d ? "H2D" : "D2H", m * 1e3,
+                  static_cast<double>(size) / (m * 1e-3) / 1e9);
+    }
+  cudaStreamDestroy(stream);
+  cudaFree(dev);
+  cudaFreeHost(host);
+}
+
+// ---- 1b. kernels against the device-memory ceiling -------------------------------------------
 
 // The kernel's output (poisoned before the timed runs) against the CPU's conversion of the same
 // input: a rate is printed only for a kernel that wrote every byte right.

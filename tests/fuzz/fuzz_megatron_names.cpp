@@ -22,14 +22,7 @@ shardmerge::SourceTensor whole(const std::string& name, const std::vector<int64_
   t.name = name;
   t.dtype = shardmerge::DType::F32;
   t.shape = shape;
-  shardmerge::Slice s;
-  s.file = 0;
-  s.dtype = t.dtype;
-  s.start.assign(shape.size(), 0);
-  s.extent = shape;
-  s.strides.assign(shape.size(), 1);
-  for (size_t d = shape.size(); d-- > 1;) s.strides[d - 1] = s.strides[d] * shape[d];
-  t.pieces.push_back(s);
+  t.pieces.push_back(shardmerge::dense_slice(0, 0, t.dtype, std::vector<int64_t>(shape.size(), 0), shape));
   return t;
 }
 

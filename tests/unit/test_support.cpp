@@ -11,6 +11,7 @@
 #include <sstream>
 
 #include "formats/safetensors.hpp"
+#include "geometry/sharding.hpp"
 
 namespace shardmerge::test {
 
@@ -72,14 +73,7 @@ SourceTensor whole_tensor(const std::string& name, std::vector<int64_t> shape, D
   t.name = name;
   t.dtype = dtype;
   t.shape = shape;
-  Slice s;
-  s.dtype = dtype;
-  s.offset = offset;
-  s.start.assign(shape.size(), 0);
-  s.extent = shape;
-  s.strides.assign(shape.size(), 1);
-  for (size_t d = shape.size(); d-- > 1;) s.strides[d - 1] = s.strides[d] * shape[d];
-  t.pieces.push_back(s);
+  t.pieces.push_back(dense_slice(0, offset, dtype, std::vector<int64_t>(shape.size(), 0), shape));
   return t;
 }
 
