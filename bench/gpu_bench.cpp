@@ -25,7 +25,7 @@
 #include "kernels/cublas_api.hpp"
 #include "kernels/cuda_check.hpp"
 #include "kernels/kernels.hpp"
-#include "plan/planner.hpp"
+#include "pipeline/planner.hpp"
 #include "shardmerge/error.hpp"
 #include "synth/synthetic_fsdp.hpp"
 #include "util/rss.hpp"

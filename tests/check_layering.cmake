@@ -1,5 +1,6 @@
 # The folders' one-way layering, checked over every #include "folder/..." line:
-#   formats -> layouts (summaries, then a pure combine) -> plan -> exec -> write / verify
+#   formats -> layouts (summaries) -> plan (a pure combine, then build) -> pipeline (orchestration)
+#   -> exec -> write / verify
 # with util and the public include/shardmerge/ below everything, the sharding arithmetic
 # (geometry/) below layouts and plan, kernels beside exec, synthetic checkpoints (synth/) beside
 # layouts, and the CLI on top. A folder may include only the folders listed for it (its own
@@ -21,14 +22,16 @@ set(allowed_formats formats util shardmerge)
 set(allowed_geometry geometry formats util shardmerge)
 set(allowed_layouts layouts geometry formats util shardmerge)
 set(allowed_plan plan layouts geometry formats util shardmerge)
+# The orchestration above layouts and plan: detect, summarise, combine, build.
+set(allowed_pipeline pipeline plan layouts geometry formats util shardmerge)
 # The executor boundary: executors run plans (include/shardmerge/plan.hpp), never parse.
 set(allowed_exec exec kernels util shardmerge)
 set(allowed_write write util shardmerge)
-set(allowed_verify verify exec plan layouts geometry formats util shardmerge)
+set(allowed_verify verify exec pipeline plan layouts geometry formats util shardmerge)
 # Synthetic checkpoints (for benchmarks) are written with the formats' writers, named as layouts name them.
 set(allowed_synth synth layouts formats util shardmerge)
-set(allowed_cli cli synth verify write exec plan layouts geometry formats kernels util shardmerge)
-set(known shardmerge util kernels formats geometry layouts plan exec write verify synth cli)
+set(allowed_cli cli synth verify write exec pipeline plan layouts geometry formats kernels util shardmerge)
+set(known shardmerge util kernels formats geometry layouts plan pipeline exec write verify synth cli)
 
 file(GLOB_RECURSE sources RELATIVE "${ROOT}"
      "${ROOT}/src/*.cpp" "${ROOT}/src/*.hpp" "${ROOT}/src/*.cu" "${ROOT}/src/*.cuh"

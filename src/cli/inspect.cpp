@@ -11,6 +11,7 @@
 #include "layouts/megatron.hpp"
 #include "layouts/names.hpp"
 #include "layouts/summaries.hpp"
+#include "pipeline/describe.hpp"
 #include "plan/lora.hpp"
 #include "plan/peft_names.hpp"
 #include "geometry/sharding.hpp"
@@ -93,7 +94,7 @@ void fsdp_report(const layouts::FsdpRole& role, bool with_tensors, json& j, std:
   if (role.lora_adapter) j["lora_adapter"] = role.lora_adapter->path;
   if (role.world_size <= 0 || present.empty()) return;
   try {
-    SourceSet set = layouts::describe_fsdp(role);
+    SourceSet set = describe_fsdp(role);
     j["layout"] = set.description;
     uint64_t bytes = 0, params = 0;
     for (const auto& t : set.tensors) {

@@ -9,7 +9,7 @@
 
 #include "exec/device.hpp"
 #include "exec/dist/process_group.hpp"
-#include "plan/planner.hpp"
+#include "pipeline/planner.hpp"
 
 namespace shardmerge::cli {
 

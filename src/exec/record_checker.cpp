@@ -120,7 +120,7 @@ void RecordChecker::complete(size_t record, uint64_t lo, uint32_t crc) {
   s.parts.clear();
   if (seen != r.crc32)
     throw Error("CRC-32 mismatch: record " + r.record + " (" + std::to_string(r.size) + " bytes) has CRC-32 " +
-                hex32(seen) + ", its zip directory says " + hex32(r.crc32) +
+                hex32(seen) + (r.crc32_at ? ", its data descriptor says " : ", its zip directory says ") + hex32(r.crc32) +
                 ": the file is corrupt or changed during the merge")
         .file(paths_[r.file])
         .tensor(r.tensor)

@@ -201,45 +201,38 @@ DcpChunkData read_item_archive(const File& file, uint64_t base, uint64_t length,
   return out;
 }
 
-}  // namespace
-
-DcpChunkData locate_dcp_chunk(const DcpMetadata& meta, const DcpTensor& tensor, const DcpChunk& chunk,
-                              const std::string& scratch_dir) {
+// Opens the chunk's .distcp, checks that its item lies within, and runs `read(file, coding)`;
+// errors name the tensor and the file.
+template <class Read>
+DcpChunkData read_chunk(const DcpMetadata& meta, const DcpTensor& tensor, const DcpChunk& chunk, Read&& read) {
   const std::string path = (fs::path(meta.dir) / chunk.relative_path).string();
   try {
     const File file = File::open_read(path);
     check_item_within(chunk, file.size());
-    if (item_coding(chunk) == DcpItemCoding::Stored) return read_item_archive(file, chunk.offset, chunk.length, tensor, chunk);
+    return read(file, item_coding(chunk));
+  } catch (Error& e) {
+    e.tensor(tensor.fqn).file(path);
+    throw;
+  }
+}
+
+}  // namespace
+
+DcpChunkData locate_dcp_chunk(const DcpMetadata& meta, const DcpTensor& tensor, const DcpChunk& chunk,
+                              const std::string& scratch_dir) {
+  return read_chunk(meta, tensor, chunk, [&](const File& file, DcpItemCoding coding) {
+    if (coding == DcpItemCoding::Stored) return read_item_archive(file, chunk.offset, chunk.length, tensor, chunk);
     fs::create_directories(scratch_dir);
     const std::string decoded = (fs::path(scratch_dir) / (chunk.relative_path + "." + std::to_string(chunk.offset) + ".item")).string();
     zstd_decompress_to(file, chunk.offset, chunk.length, decoded, declared_item_bound(tensor, chunk));
     const File item = File::open_read(decoded);
     return read_item_archive(item, 0, item.size(), tensor, chunk);
-  } catch (Error& e) {
-    e.tensor(tensor.fqn).file(path);
-    throw;
-  }
+  });
 }
 
-DcpChunkData locate_stored_dcp_chunk(const DcpMetadata& meta, const DcpTensor& tensor, const DcpChunk& chunk) {
-  const std::string path = (fs::path(meta.dir) / chunk.relative_path).string();
-  try {
-    const File file = File::open_read(path);
-    check_item_within(chunk, file.size());
-    if (item_coding(chunk) != DcpItemCoding::Stored) throw Error("item is compressed; it is decoded when read, not planned");
-    return read_item_archive(file, chunk.offset, chunk.length, tensor, chunk);
-  } catch (Error& e) {
-    e.tensor(tensor.fqn).file(path);
-    throw;
-  }
-}
-
-DcpChunkData locate_compressed_dcp_chunk(const DcpMetadata& meta, const DcpTensor& tensor, const DcpChunk& chunk) {
-  const std::string path = (fs::path(meta.dir) / chunk.relative_path).string();
-  try {
-    const File file = File::open_read(path);
-    check_item_within(chunk, file.size());
-    if (item_coding(chunk) != DcpItemCoding::Zstd) throw Error("item is not compressed");
+DcpChunkData locate_dcp_chunk_head(const DcpMetadata& meta, const DcpTensor& tensor, const DcpChunk& chunk) {
+  return read_chunk(meta, tensor, chunk, [&](const File& file, DcpItemCoding coding) -> DcpChunkData {
+    if (coding == DcpItemCoding::Stored) return read_item_archive(file, chunk.offset, chunk.length, tensor, chunk);
     ZstdFrameReader frame(file, chunk.offset, chunk.length);
     TorchItemHead head;
     try {
@@ -248,11 +241,8 @@ DcpChunkData locate_compressed_dcp_chunk(const DcpMetadata& meta, const DcpTenso
       throw e.offset(chunk.offset);
     }
     check_chunk_view(head.view, tensor, chunk);
-    return {path, file_stamp(file), head.storage, head.view, head.crc32_at};
-  } catch (Error& e) {
-    e.tensor(tensor.fqn).file(path);
-    throw;
-  }
+    return {file.path(), file_stamp(file), head.storage, head.view, head.crc32_at};
+  });
 }
 
 }  // namespace shardmerge

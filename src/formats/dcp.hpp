@@ -70,10 +70,9 @@ void check_item_within(const DcpChunk& chunk, uint64_t file_size);
 // decoded into `scratch_dir` (created if needed).
 DcpChunkData locate_dcp_chunk(const DcpMetadata& meta, const DcpTensor& tensor, const DcpChunk& chunk,
                               const std::string& scratch_dir);
-// The same for a stored item (no transform), which is read in place: nothing is decoded.
-DcpChunkData locate_stored_dcp_chunk(const DcpMetadata& meta, const DcpTensor& tensor, const DcpChunk& chunk);
-// The same for a zstd-compressed item, from the head of its decoded archive only (never its
-// tensor bytes): `path` and `stamp` are the .distcp's, record offsets are in decoded bytes.
-DcpChunkData locate_compressed_dcp_chunk(const DcpMetadata& meta, const DcpTensor& tensor, const DcpChunk& chunk);
+// The same without decoding any tensor bytes, for planning: a stored item is read in place, a
+// zstd-compressed one from the head of its decoded archive only (`path` and `stamp` are then
+// the .distcp's, record offsets are in decoded bytes).
+DcpChunkData locate_dcp_chunk_head(const DcpMetadata& meta, const DcpTensor& tensor, const DcpChunk& chunk);
 
 }  // namespace shardmerge

@@ -74,7 +74,7 @@ DcpSummary summarise_dcp(const std::string& dir, const std::function<bool(const 
     if (!wanted(t.fqn) || meta.reformulated_shapes.count(t.fqn)) continue;
     for (const DcpChunk& c : t.chunks) {
       const bool stored = c.transforms.empty();
-      DcpChunkData data = stored ? locate_stored_dcp_chunk(meta, t, c) : locate_compressed_dcp_chunk(meta, t, c);
+      DcpChunkData data = locate_dcp_chunk_head(meta, t, c);
       out.data_files.try_emplace(c.relative_path, data.stamp);
       (stored ? out.stored_items : out.compressed_items)
           .try_emplace({c.relative_path, c.offset}, DcpItemSummary{std::move(data.view), data.record, data.record_crc32_at});

@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "layouts/layout.hpp"
-#include "layouts/sources.hpp"
+#include "geometry/source_set.hpp"
 #include "shardmerge/plan.hpp"
 
 namespace shardmerge {

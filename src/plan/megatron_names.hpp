@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "layouts/sources.hpp"
+#include "geometry/source_set.hpp"
 
 namespace shardmerge {
 

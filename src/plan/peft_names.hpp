@@ -10,7 +10,7 @@
 #include <utility>
 #include <vector>
 
-#include "layouts/sources.hpp"
+#include "geometry/source_set.hpp"
 
 namespace shardmerge {
 

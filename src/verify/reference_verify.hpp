@@ -8,7 +8,7 @@
 #include <cstdint>
 #include <string>
 
-#include "plan/planner.hpp"
+#include "pipeline/planner.hpp"
 #include "verify/compare.hpp"
 
 namespace shardmerge {

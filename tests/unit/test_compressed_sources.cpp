@@ -3,6 +3,7 @@
 // executor reading slices of the decoded bytes through an unnamed temp file. Frames are made
 // here with libzstd; the oracle for every output byte is the uncompressed input.
 #include <gtest/gtest.h>
+#include <zlib.h>
 #include <zstd.h>
 
 #include <cstdlib>
@@ -251,6 +252,32 @@ TEST_F(CompressedSources, TheStampCheckedIsThatOfTheFileHoldingTheItem) {
   p.sources[1].size += 1;
   const std::string what = merge_error(p);
   EXPECT_NE(what.find(path + ": changed since the plan was made"), std::string::npos) << what;
+}
+
+TEST_F(CompressedSources, ACrcReadFromTheDecodedDataDescriptorIsCheckedAndNamedAsSuch) {
+  // The item's decoded bytes are w's storage followed by a little-endian CRC-32, as a
+  // torch.save archive written with data descriptors has it; planning could not read it.
+  auto with_descriptor = [&](uint32_t crc) {
+    std::string bytes = w;
+    for (int i = 0; i < 4; ++i) bytes += static_cast<char>((crc >> (8 * i)) & 0xff);
+    MergePlan p = plan(zstd_frame(bytes, false), zstd_frame(cat, true));
+    p.sources[0].compressed->decoded_size = bytes.size();
+    RecordCheck check;
+    check.file = 0;
+    check.size = w.size();
+    check.record = "archive/data/0";
+    check.tensor = "w";
+    check.crc32_at = w.size();
+    p.records = {check};
+    return p;
+  };
+  const auto right = static_cast<uint32_t>(::crc32(0, reinterpret_cast<const Bytef*>(w.data()), static_cast<uInt>(w.size())));
+  const MergePlan good = with_descriptor(right);
+  EXPECT_TRUE(merge(good, true).substr(good.tensors[0].offset, w.size()) == w);
+  const std::string what = merge_error(with_descriptor(right ^ 1));
+  EXPECT_NE(what.find("its data descriptor says"), std::string::npos) << what;
+  EXPECT_NE(what.find("archive/data/0"), std::string::npos) << what;
+  EXPECT_NE(what.find(path), std::string::npos) << what;
 }
 
 }  // namespace

@@ -1,4 +1,4 @@
-// Megatron legacy per-rank trees (src/layouts/megatron.cpp, describe_megatron_legacy) built
+// Megatron legacy per-rank trees (pipeline/describe.cpp, describe_megatron_legacy) built
 // from hostile names: rank directories, VPP chunk prefixes and expert numbers that do not
 // parse, or parse to indices that would overflow, are errors naming the tensor or directory.
 // The rank files are small torch.save archives written with the repository's writers.
@@ -12,7 +12,7 @@
 #include "formats/pickle_writer.hpp"
 #include "formats/torch_writer.hpp"
 #include "layouts/layout.hpp"
-#include "layouts/megatron.hpp"
+#include "pipeline/describe.hpp"
 #include "shardmerge/error.hpp"
 #include "test_support.hpp"
 

@@ -10,7 +10,7 @@
 #include <functional>
 
 #include "plan/plan_file.hpp"
-#include "plan/planner.hpp"
+#include "pipeline/planner.hpp"
 #include "shardmerge/error.hpp"
 #include "test_support.hpp"
 #include "util/file.hpp"

@@ -7,7 +7,7 @@
 #include "formats/hf_index.hpp"
 #include "formats/safetensors.hpp"
 #include "layouts/layout.hpp"
-#include "plan/planner.hpp"
+#include "pipeline/planner.hpp"
 #include "shardmerge/error.hpp"
 #include "shardmerge/executor.hpp"
 #include "test_support.hpp"

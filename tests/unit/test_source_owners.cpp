@@ -201,5 +201,71 @@ TEST_F(SubsetOfSources, EachProcessOfAMultiProcessMergeOpensOnlyTheSourcesOfItsS
   EXPECT_NE(what.find(dir / "b.bin"), std::string::npos) << what;
 }
 
+// assign_files over plans made by hand: output file i reads the sources listed for it.
+MergePlan owned_plan(const std::vector<int32_t>& source_owners, const std::vector<std::vector<uint32_t>>& file_sources,
+                     const std::vector<uint64_t>& file_sizes) {
+  MergePlan plan;
+  for (int32_t o : source_owners) {
+    std::string path = "/nowhere/src";
+    path += std::to_string(plan.sources.size());
+    plan.sources.emplace_back(path, 64);
+    plan.sources.back().owner = o;
+  }
+  for (size_t f = 0; f < file_sources.size(); ++f) {
+    std::string name = "out";
+    name += std::to_string(f);
+    name += ".safetensors";
+    plan.files.push_back({name, "", file_sizes[f]});
+    for (uint32_t src : file_sources[f]) {
+      std::string tensor = "t";
+      tensor += std::to_string(plan.tensors.size());
+      OutputTensor t = f32_tensor(tensor, {4}, {f32_slice(src, 0, {1}, {0}, {4})});
+      t.file = static_cast<uint32_t>(f);
+      plan.tensors.push_back(t);
+    }
+  }
+  return plan;
+}
+
+std::string assign_error(const MergePlan& plan, int world_size) {
+  try {
+    dist::assign_files(plan, world_size);
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(AssignFiles, AFileGoesToTheRankThatOwnsItsSourcesAndTheRestBalanceAroundIt) {
+  // Sizes 100 (reads rank 1's source), 60 and 50 (shared sources), 10 (rank 0's). 100 is pinned
+  // to rank 1 (without owners it would go to rank 0), 60 and 50 go to the less loaded rank 0
+  // (0 < 100, then 60 < 100), 10 to its owner.
+  const MergePlan plan = owned_plan({1, kAnyOwner, kAnyOwner, 0}, {{0}, {1}, {2, 1}, {3}}, {100, 60, 50, 10});
+  EXPECT_EQ(dist::assign_files(plan, 2), (std::vector<int>{1, 0, 0, 0}));
+  // Everything shared: plain balance by bytes, largest first.
+  const MergePlan shared = owned_plan({kAnyOwner, kAnyOwner, kAnyOwner, kAnyOwner}, {{0}, {1}, {2}, {3}}, {100, 60, 50, 10});
+  EXPECT_EQ(dist::assign_files(shared, 2), (std::vector<int>{0, 1, 1, 0}));
+}
+
+TEST(AssignFiles, AFileNeedingTwoRanksSourcesIsRefusedNamingItAndBothRanks) {
+  const MergePlan plan = owned_plan({0, 1}, {{0, 1}}, {10});
+  const std::string what = assign_error(plan, 2);
+  EXPECT_NE(what.find("out0.safetensors"), std::string::npos) << what;
+  EXPECT_NE(what.find("rank 0"), std::string::npos) << what;
+  EXPECT_NE(what.find("rank 1"), std::string::npos) << what;
+  EXPECT_NE(what.find("/nowhere/src1"), std::string::npos) << what;
+}
+
+TEST(AssignFiles, LoraSlicesCountAndAnOwnerPastTheWorldIsRefused) {
+  MergePlan plan = owned_plan({1, 1, 0}, {{0}}, {10});
+  plan.tensors[0].lora = LoraFold{{f32_slice(1, 0, {1}, {0}, {4})}, {f32_slice(2, 0, {1}, {0}, {4})}, 1, 1.0, false};
+  EXPECT_NE(assign_error(plan, 2).find("/nowhere/src2"), std::string::npos);
+  plan.tensors[0].lora->b[0].file = 1;
+  EXPECT_EQ(dist::assign_files(plan, 2), std::vector<int>{1});
+  const std::string what = assign_error(plan, 1);
+  EXPECT_NE(what.find("owned by rank 1"), std::string::npos) << what;
+  EXPECT_NE(what.find("1 processes"), std::string::npos) << what;
+}
+
 }  // namespace
 }  // namespace shardmerge

@@ -1,5 +1,5 @@
 // SourceSets built from per-file summaries alone (src/layouts/summaries.hpp and the combine_*
-// functions of layouts/fsdp.cpp, megatron.cpp, hf.cpp): no file exists anywhere. The expected
+// functions of src/plan/combine_*.cpp): no file exists anywhere. The expected
 // slices are written out by hand from the placement semantics (torch.chunk, _StridedShard,
 // ShardedTensor offsets, DCP chunk boxes, Megatron TP rules), not computed by the code.
 #include <gtest/gtest.h>
@@ -8,8 +8,7 @@
 #include <vector>
 
 #include "layouts/fsdp.hpp"
-#include "layouts/hf.hpp"
-#include "layouts/megatron.hpp"
+#include "plan/combine.hpp"
 #include "layouts/names.hpp"
 #include "layouts/summaries.hpp"
 #include "shardmerge/error.hpp"

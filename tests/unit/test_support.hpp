@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "layouts/sources.hpp"
+#include "geometry/source_set.hpp"
 #include "plan/build.hpp"
 #include "shardmerge/plan.hpp"
 

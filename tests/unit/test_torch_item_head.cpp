@@ -150,7 +150,7 @@ TEST(TorchItemHead, ReadsTheHeadOfACompressedDcpItemAndChecksItAgainstTheMetadat
   meta.dir = dir.path().string();
   DcpTensor t{"w", DType::F32, {6, 40}, {}};
   DcpChunk c{{0, 0}, {6, 40}, "__0_0.distcp", before.size(), frame.size(), {"stream.zstd/1"}};
-  const DcpChunkData data = locate_compressed_dcp_chunk(meta, t, c);
+  const DcpChunkData data = locate_dcp_chunk_head(meta, t, c);
   EXPECT_EQ(data.path, dir / "__0_0.distcp");
   EXPECT_EQ(data.record.data_offset, oracle->data_offset);
   EXPECT_EQ(data.record.size, oracle->size);
@@ -158,7 +158,7 @@ TEST(TorchItemHead, ReadsTheHeadOfACompressedDcpItemAndChecksItAgainstTheMetadat
 
   c.sizes = {6, 41};
   try {
-    locate_compressed_dcp_chunk(meta, t, c);
+    locate_dcp_chunk_head(meta, t, c);
     ADD_FAILURE() << "located";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("but .metadata says [6, 41]"), std::string::npos) << e.what();
@@ -169,7 +169,7 @@ TEST(TorchItemHead, ReadsTheHeadOfACompressedDcpItemAndChecksItAgainstTheMetadat
   write_small_file(dir / "__0_0.distcp", broken, /*overwrite=*/true);
   c.sizes = {6, 40};
   try {
-    locate_compressed_dcp_chunk(meta, t, c);
+    locate_dcp_chunk_head(meta, t, c);
     ADD_FAILURE() << "located";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("zstd item"), std::string::npos) << e.what();

@@ -2,9 +2,47 @@
 
 #include <algorithm>
 #include <numeric>
+#include <string>
 
+#include "shardmerge/error.hpp"
 
 namespace shardmerge::dist {
+
+namespace {
+
+// The one rank that can write output file `f` (kAnyOwner when every source it reads is on a
+// shared filesystem), from the owners of the sources its tensors read.
+int32_t writer_of(const MergePlan& plan, uint32_t f, int world_size) {
+  int32_t owner = kAnyOwner;
+  uint32_t owner_source = 0;
+  auto visit = [&](const OutputTensor& t, const Slice& s) {
+    const SourceFile& src = plan.sources.at(s.file);
+    if (src.owner == kAnyOwner) return;
+    if (src.owner >= world_size)
+      throw Error("is owned by rank " + std::to_string(src.owner) + " of a merge run by " + std::to_string(world_size) +
+                  " processes")
+          .file(src.path);
+    if (owner != kAnyOwner && owner != src.owner)
+      throw Error("output file " + plan.files[f].name + " needs sources held by rank " + std::to_string(owner) + " (" +
+                  plan.sources[owner_source].path + ") and rank " + std::to_string(src.owner) +
+                  "; no single process can write it (slices are not moved between processes)")
+          .tensor(t.name)
+          .file(src.path);
+    owner = src.owner;
+    owner_source = s.file;
+  };
+  for (const OutputTensor& t : plan.tensors) {
+    if (t.file != f) continue;
+    for (const Slice& s : t.copies) visit(t, s);
+    if (t.lora) {
+      for (const Slice& s : t.lora->a) visit(t, s);
+      for (const Slice& s : t.lora->b) visit(t, s);
+    }
+  }
+  return owner;
+}
+
+}  // namespace
 
 std::vector<int> assign_files(const MergePlan& plan, int world_size) {
   std::vector<size_t> order(plan.files.size());
@@ -13,7 +51,9 @@ std::vector<int> assign_files(const MergePlan& plan, int world_size) {
   std::vector<uint64_t> load(static_cast<size_t>(world_size), 0);
   std::vector<int> owner(plan.files.size(), 0);
   for (size_t f : order) {
-    const auto r = static_cast<size_t>(std::min_element(load.begin(), load.end()) - load.begin());
+    const int32_t fixed = writer_of(plan, static_cast<uint32_t>(f), world_size);
+    const auto r = fixed != kAnyOwner ? static_cast<size_t>(fixed)
+                                      : static_cast<size_t>(std::min_element(load.begin(), load.end()) - load.begin());
     owner[f] = static_cast<int>(r);
     load[r] += plan.files[f].size;
   }

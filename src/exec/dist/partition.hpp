@@ -9,7 +9,9 @@
 
 namespace shardmerge::dist {
 
-// Owner rank of each output file: largest files first, each to the least-loaded rank.
+// Owner rank of each output file: largest files first, each to the least-loaded rank, except
+// that a file whose tensors read sources of one rank (SourceFile::owner) goes to that rank.
+// Throws when a file needs sources of two ranks, or of a rank past `world_size`.
 std::vector<int> assign_files(const MergePlan& plan, int world_size);
 
 // The plan restricted to the tensors of the files `rank` owns (same files and sources, so

@@ -1,12 +1,11 @@
-#include "plan/planner.hpp"
+#include "pipeline/planner.hpp"
 
 #include <algorithm>
 #include <filesystem>
 #include <span>
 
 #include "layouts/fsdp.hpp"
-#include "layouts/hf.hpp"
-#include "layouts/megatron.hpp"
+#include "pipeline/describe.hpp"
 #include "plan/hf_config_check.hpp"
 #include "plan/megatron_names.hpp"
 #include "plan/peft_names.hpp"
@@ -136,7 +135,7 @@ PlannedMerge plan_megatron(const MergeRequest& req, const layouts::MegatronRole&
     }
     notes.push_back("the checkpoint's HF weights in " + hf->path + " are already complete: nothing to merge, "
                     "writing a verified copy");
-    out.sources = layouts::describe_hf_weights(hf->path);
+    out.sources = describe_hf_weights(hf->path);
     const PeftSplit split = split_peft_names(out.sources);
     std::optional<LoraConfig> lora_config;
     if (!split.lora.empty()) lora_config = megatron_lora_config(role, hf);
@@ -157,9 +156,9 @@ PlannedMerge plan_megatron(const MergeRequest& req, const layouts::MegatronRole&
         .file(role.path);
   SourceSet megatron;
   if (!role.dist_ckpt.empty()) {
-    megatron = layouts::describe_megatron_dist(role.dist_ckpt);
+    megatron = describe_megatron_dist(role.dist_ckpt);
   } else if (!role.mp_rank_dirs.empty()) {
-    megatron = layouts::describe_megatron_legacy(role, hf->config);
+    megatron = describe_megatron_legacy(role, hf->config);
   } else {
     throw Error("Megatron role directory without model weights (no dist_ckpt, no model/mp_rank_*)").file(role.path);
   }
@@ -209,9 +208,9 @@ PlannedMerge plan_fold_lora(const FoldLoraRequest& req) {
   PlannedMerge out;
   out.role_dir = req.adapter_dir;
   out.other_source_dirs = {req.base_dir};
-  out.sources = layouts::describe_hf_weights(req.base_dir);
+  out.sources = describe_hf_weights(req.base_dir);
   const size_t base_count = out.sources.tensors.size();
-  layouts::AdapterSources adapter = layouts::describe_adapter(req.adapter_dir);
+  AdapterSources adapter = describe_adapter(req.adapter_dir);
   append_sources(out.sources, std::move(adapter.tensors));
   out.sources.description = "HF model " + req.base_dir + " + PEFT adapter " + req.adapter_dir;
 

@@ -6,7 +6,7 @@
 #include <string>
 #include <vector>
 
-#include "layouts/sources.hpp"
+#include "geometry/source_set.hpp"
 #include "plan/build.hpp"
 #include "plan/lora.hpp"
 

@@ -1,9 +1,10 @@
-#include "layouts/hf.hpp"
-
 #include "geometry/sharding.hpp"
+#include "plan/combine.hpp"
 #include "shardmerge/error.hpp"
 
-namespace shardmerge::layouts {
+namespace shardmerge {
+using namespace layouts;
+
 namespace {
 
 void add_safetensors_file(SourceSet& set, const SafetensorsSummary& f) {
@@ -39,8 +40,6 @@ void add_torch_file(SourceSet& set, const TorchFileSummary& f) {
 
 }  // namespace
 
-SourceSet describe_hf_weights(const std::string& dir) { return combine_hf_weights(summarise_hf_weights(dir)); }
-
 SourceSet combine_hf_weights(const HfWeightsSummary& w) {
   SourceSet set;
   set.description = "HuggingFace safetensors, " + std::to_string(w.files.size()) + " file(s)";
@@ -52,8 +51,6 @@ SourceSet combine_hf_weights(const HfWeightsSummary& w) {
   });
   return set;
 }
-
-AdapterSources describe_adapter(const std::string& dir) { return combine_adapter(summarise_adapter(dir)); }
 
 AdapterSources combine_adapter(const AdapterSummary& summary) {
   AdapterSources out;
@@ -67,4 +64,4 @@ AdapterSources combine_adapter(const AdapterSummary& summary) {
   return out;
 }
 
-}  // namespace shardmerge::layouts
+}  // namespace shardmerge

@@ -1,4 +1,4 @@
-#include "layouts/sources.hpp"
+#include "geometry/source_set.hpp"
 
 #include <algorithm>
 #include <tuple>
