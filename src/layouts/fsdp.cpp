@@ -9,6 +9,7 @@
 #include "shardmerge/error.hpp"
 
 namespace shardmerge::layouts {
+
 void check_fsdp_role(const FsdpRole& role) {
   if (role.world_size <= 0) {
     std::string sizes;

@@ -1,13 +1,15 @@
+#include "plan/combine.hpp"
+
 #include <optional>
 #include <string>
 #include <unordered_map>
 
 #include "geometry/sharding.hpp"
 #include "layouts/names.hpp"
-#include "plan/combine.hpp"
 #include "shardmerge/error.hpp"
 
 namespace shardmerge {
+// Summaries and roles are layouts' types; the combine step reads them, nothing else.
 using namespace layouts;
 
 namespace {

@@ -1,8 +1,10 @@
-#include "geometry/sharding.hpp"
 #include "plan/combine.hpp"
+
+#include "geometry/sharding.hpp"
 #include "shardmerge/error.hpp"
 
 namespace shardmerge {
+// Summaries and roles are layouts' types; the combine step reads them, nothing else.
 using namespace layouts;
 
 namespace {

@@ -1,3 +1,5 @@
+#include "plan/combine.hpp"
+
 #include <algorithm>
 #include <filesystem>
 #include <limits>
@@ -9,7 +11,6 @@
 #include "geometry/sharding.hpp"
 #include "layouts/megatron.hpp"
 #include "layouts/names.hpp"
-#include "plan/combine.hpp"
 #include "shardmerge/error.hpp"
 #include "util/json_fields.hpp"
 #include "util/shape.hpp"
@@ -18,6 +19,7 @@
 namespace fs = std::filesystem;
 
 namespace shardmerge {
+// Summaries and roles are layouts' types; the combine step reads them, nothing else.
 using namespace layouts;
 
 SourceSet combine_megatron_dist(const DcpSummary& summary) {
