@@ -24,10 +24,7 @@ int main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
   try {
     if (list) {
-      for (const auto& m : synth::model_shapes())
-        std::printf("%-14s %s hidden=%ld layers=%ld vocab=%ld%s\n", m.name.c_str(), m.architecture.c_str(),
-                    static_cast<long>(m.hidden), static_cast<long>(m.layers), static_cast<long>(m.vocab),
-                    m.tied ? " tied" : "");
+      for (const auto& m : synth::model_shapes()) std::printf("%s\n", synth::shape_line(m).c_str());
       return 0;
     }
     if (o.out_dir.empty()) throw usage_error("--out is required");

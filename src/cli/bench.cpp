@@ -156,9 +156,7 @@ class Cleanup {
 
 int run_bench(const BenchOptions& o) {
   if (o.list) {
-    for (const auto& m : synth::model_shapes())
-      std::printf("%-14s %s hidden=%ld layers=%ld vocab=%ld%s\n", m.name.c_str(), m.architecture.c_str(),
-                  static_cast<long>(m.hidden), static_cast<long>(m.layers), static_cast<long>(m.vocab), m.tied ? " tied" : "");
+    for (const auto& m : synth::model_shapes()) std::printf("%s\n", synth::shape_line(m).c_str());
     return 0;
   }
   if (o.rounds < 1) throw usage_error("--rounds must be at least 1");

@@ -1,6 +1,7 @@
 #include "synth/synthetic_fsdp.hpp"
 
 #include <filesystem>
+#include <cstdio>
 #include <cstring>
 #include <functional>
 #include <optional>
@@ -31,6 +32,8 @@ const std::vector<ModelShape>& model_shapes() {
       {"qwen2.5-32b", "Qwen2ForCausalLM", "qwen2", 5120, 27648, 64, 40, 8, 152064, false, true},
       {"llama-3-70b", "LlamaForCausalLM", "llama", 8192, 28672, 80, 64, 8, 128256, false, false},
       {"qwen2.5-72b", "Qwen2ForCausalLM", "qwen2", 8192, 29568, 80, 64, 8, 152064, false, true},
+      {"tiny-moe", "Qwen3MoeForCausalLM", "qwen3_moe", 64, 96, 2, 4, 2, 251, false, false, 16, 4, 32, 2, true},
+      {"qwen3-30b-a3b", "Qwen3MoeForCausalLM", "qwen3_moe", 2048, 6144, 48, 32, 4, 151936, false, false, 128, 128, 768, 8, true},
   };
   return shapes;
 }
@@ -41,6 +44,17 @@ const ModelShape& find_model(const std::string& name) {
   std::string names;
   for (const auto& m : model_shapes()) names += (names.empty() ? "" : ", ") + m.name;
   throw usage_error("unknown model '" + name + "' (known: " + names + ")");
+}
+
+std::string shape_line(const ModelShape& m) {
+  char line[256];
+  std::snprintf(line, sizeof line, "%-14s %s hidden=%ld layers=%ld vocab=%ld%s", m.name.c_str(), m.architecture.c_str(),
+                static_cast<long>(m.hidden), static_cast<long>(m.layers), static_cast<long>(m.vocab), m.tied ? " tied" : "");
+  std::string out = line;
+  if (m.experts > 0)
+    out += " experts=" + std::to_string(m.experts) + "x" + std::to_string(m.moe_intermediate) + " (top-" +
+           std::to_string(m.experts_per_token) + ")";
+  return out;
 }
 
 float synthetic_value(uint64_t tensor, uint64_t index) {
@@ -64,7 +78,7 @@ struct Param {
 
 std::vector<Param> model_params(const ModelShape& m, int64_t lora_rank) {
   std::vector<Param> out;
-  const int64_t hd = m.hidden / m.heads, kv = m.kv_heads * hd;
+  const int64_t hd = m.head_dim > 0 ? m.head_dim : m.hidden / m.heads, q = m.heads * hd, kv = m.kv_heads * hd;
   const std::string prefix = lora_rank > 0 ? "base_model.model." : "";
   auto add = [&](const std::string& name, std::vector<int64_t> shape, bool adapter = false) {
     out.push_back({prefix + name, std::move(shape), out.size(), -1, adapter});
@@ -82,13 +96,25 @@ std::vector<Param> model_params(const ModelShape& m, int64_t lora_rank) {
   add("model.embed_tokens.weight", {m.vocab, m.hidden});
   for (int64_t l = 0; l < m.layers; ++l) {
     const std::string p = "model.layers." + std::to_string(l) + ".";
-    linear(p + "self_attn.q_proj", m.hidden, m.hidden, m.qkv_bias);
+    linear(p + "self_attn.q_proj", q, m.hidden, m.qkv_bias);
     linear(p + "self_attn.k_proj", kv, m.hidden, m.qkv_bias);
     linear(p + "self_attn.v_proj", kv, m.hidden, m.qkv_bias);
-    linear(p + "self_attn.o_proj", m.hidden, m.hidden, false);
-    linear(p + "mlp.gate_proj", m.intermediate, m.hidden, false);
-    linear(p + "mlp.up_proj", m.intermediate, m.hidden, false);
-    linear(p + "mlp.down_proj", m.hidden, m.intermediate, false);
+    linear(p + "self_attn.o_proj", m.hidden, q, false);
+    if (m.qk_norm) {
+      add(p + "self_attn.q_norm.weight", {hd});
+      add(p + "self_attn.k_norm.weight", {hd});
+    }
+    auto mlp = [&](const std::string& at, int64_t width) {
+      linear(at + "gate_proj", width, m.hidden, false);
+      linear(at + "up_proj", width, m.hidden, false);
+      linear(at + "down_proj", m.hidden, width, false);
+    };
+    if (m.experts > 0) {
+      add(p + "mlp.gate.weight", {m.experts, m.hidden});  // the router: a Linear PEFT does not target here
+      for (int64_t e = 0; e < m.experts; ++e) mlp(p + "mlp.experts." + std::to_string(e) + ".", m.moe_intermediate);
+    } else {
+      mlp(p + "mlp.", m.intermediate);
+    }
     add(p + "input_layernorm.weight", {m.hidden});
     add(p + "post_attention_layernorm.weight", {m.hidden});
   }
@@ -354,6 +380,15 @@ SyntheticSummary write_synthetic_fsdp(const SyntheticOptions& o) {
   cfg["rms_norm_eps"] = 1e-6;
   cfg["max_position_embeddings"] = 4096;
   cfg["dtype"] = o.dtype;
+  if (m.head_dim > 0) cfg["head_dim"] = m.head_dim;
+  if (m.experts > 0) {
+    cfg["num_experts"] = m.experts;
+    cfg["num_experts_per_tok"] = m.experts_per_token;
+    cfg["moe_intermediate_size"] = m.moe_intermediate;
+    cfg["decoder_sparse_step"] = 1;
+    cfg["mlp_only_layers"] = nlohmann::ordered_json::array();
+    cfg["norm_topk_prob"] = true;
+  }
   write_json(role / "huggingface" / "config.json", cfg);
   if (!o.tokenizer_from.empty())
     for (const auto& e : fs::directory_iterator(o.tokenizer_from)) {

@@ -1,4 +1,4 @@
-// Synthetic verl FSDP2 checkpoints of real model shapes (0.5B to 72B), written in torch 2.15's
+// Synthetic verl FSDP2 checkpoints of real model shapes (0.5B to 72B dense, a 30B MoE), written in torch 2.15's
 // exact torch.save layout by our own writer: DTensors with Shard(0) on an ("fsdp",) mesh,
 // padded local storages, tied lm_head sharing the embedding's storage, optional PEFT LoRA
 // tensors. Values are a pure function of (tensor, global element index), so any world size
@@ -17,10 +17,18 @@ struct ModelShape {
   std::string model_type;
   int64_t hidden, intermediate, layers, heads, kv_heads, vocab;
   bool tied, qkv_bias;
+  // Mixture of experts (Qwen3-MoE layout, as transformers saves it): every layer's MLP is a
+  // router `mlp.gate` [experts, hidden] and `experts` SwiGLU experts of width `moe_intermediate`,
+  // each its own gate/up/down Linear. 0 experts: a dense MLP of width `intermediate`.
+  int64_t head_dim = 0;  // 0: hidden / heads
+  int64_t experts = 0, moe_intermediate = 0, experts_per_token = 0;
+  bool qk_norm = false;  // per-head RMSNorm of q and k (q_norm, k_norm [head_dim])
 };
 
 const std::vector<ModelShape>& model_shapes();
 const ModelShape& find_model(const std::string& name);
+// One line for --list: name, architecture, sizes.
+std::string shape_line(const ModelShape& m);
 
 struct SyntheticOptions {
   std::string out_dir;    // the run root

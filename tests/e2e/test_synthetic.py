@@ -32,13 +32,41 @@ def tiny(shardmerge_gen_bin, tmp_path_factory):
 
 
 def test_tiny_w3_is_real_dtensor_checkpoint(tiny, run, tmp_path):
+    check_real_dtensor_checkpoint(tiny[3], run, tmp_path)
+
+
+def test_moe_shape_is_a_real_dtensor_checkpoint_that_transformers_loads(shardmerge_gen_bin, run, tmp_path):
+    """tiny-moe (Qwen3-MoE layout: per-expert gate/up/down, a router, q/k norms, head_dim that
+    is not hidden / heads): torch reads the rank files as DTensors, the merge equals their
+    concatenation, and transformers builds Qwen3MoeForCausalLM from the merged config and
+    loads every weight, with none missing or left over."""
+    transformers = pytest.importorskip("transformers")
+    if not hasattr(transformers, "Qwen3MoeForCausalLM"):
+        pytest.skip("this transformers has no Qwen3MoeForCausalLM")
+    role = generate(shardmerge_gen_bin, tmp_path / "moe", "tiny-moe", 3)
+    out = check_real_dtensor_checkpoint(role, run, tmp_path)
+    cfg = json.loads((out / "config.json").read_text())
+    assert cfg["architectures"] == ["Qwen3MoeForCausalLM"] and cfg["num_experts"] == 4, cfg
+    _, info = transformers.AutoModelForCausalLM.from_pretrained(str(out), output_loading_info=True)
+    for kind in ("missing_keys", "unexpected_keys", "mismatched_keys"):
+        assert not info.get(kind), (kind, info[kind])
+
+
+def test_list_names_the_moe_shape(shardmerge_gen_bin):
+    proc = subprocess.run([shardmerge_gen_bin, "--list"], capture_output=True, text=True, check=True)
+    line = next(l for l in proc.stdout.splitlines() if l.startswith("qwen3-30b-a3b "))
+    assert "Qwen3MoeForCausalLM" in line and "experts=128x768 (top-8)" in line, line
+
+
+def check_real_dtensor_checkpoint(role, run, tmp_path):
+    """Loads every rank file of `role` (world size 3) with torch, checks the FSDP2 layout, merges it in fp32 and
+    compares with torch.cat of the local tensors. Returns the merged directory."""
     torch = pytest.importorskip("torch")
     pytest.importorskip("safetensors")
     from torch.distributed.tensor import DTensor, Shard
 
     from e2e_util import load_hf
 
-    role = tiny[3]
     cfg = json.loads((role / "fsdp_config.json").read_text())
     assert cfg == {"FSDP_version": 2, "world_size": 3}
     files = sorted(role.glob("model_world_size_3_rank_*.pt"))
@@ -72,6 +100,7 @@ def test_tiny_w3_is_real_dtensor_checkpoint(tiny, run, tmp_path):
     assert sorted(got) == sorted(want)
     for k in want:
         assert got[k].dtype == want[k].dtype and torch.equal(got[k], want[k]), f"{k}: merge != torch.cat(_local_tensor)"
+    return out
 
 
 def test_world_sizes_merge_identically(tiny, run, tmp_path):
