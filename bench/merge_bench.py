@@ -1,15 +1,18 @@
 #!/usr/bin/env python3
-"""merge_bench: times, in one run and alternating, what merging a verl FSDP checkpoint costs.
+"""merge_bench: times, in one run, what merging a verl FSDP checkpoint costs against copying it
+and against verl's own merger.
 
   (a) shardmerge merge                    the job
-  (b) the I/O floor of the same job       cat of the model rank files to /dev/null, then
-                                          writing a file of the output size with fsync
+  (b) the I/O floor of the same job       reading the model rank files, then writing a file of
+                                          the output size with fsync (their sum)
   (c) cp -r of the role directory         plain copy; timed with and without a final sync,
                                           since shardmerge's output is fsynced
   (d) python -m verl.model_merger merge   when --verl-python points at a Python with verl
 
 and prints each one's median time, the ratios (a)/(b), (a)/(c), (d)/(a) and every
-command's peak RSS (from wait4). With --lora-rank it also times folding LoRA into the base
+command's peak RSS (from wait4). For FSDP, (a) and (b) come from `shardmerge bench --keep --json`
+(which generates the checkpoint, alternates floors and merges, and keeps the checkpoint for
+(c) and (d)); for --megatron this script times them itself, alternating. With --lora-rank it also times folding LoRA into the base
 weights against merging the same checkpoint without folding.
 
 With --megatron the checkpoint is a verl Megatron v2 role directory instead (torch_dist tree of
@@ -21,6 +24,7 @@ and NCCL; --lora-rank is FSDP-only.
   bench/merge_bench.py --megatron --model qwen2.5-1.5b --tp 8 --pp 4 --workdir /tmp/bench
 """
 import argparse
+import json
 import os
 import shutil
 import statistics
@@ -75,17 +79,17 @@ def fmt_bytes(n):
     return f"{n:.2f} PB"
 
 
-def ensure_checkpoint(args, gen, workdir, lora_rank):
-    run_root = workdir / f"{args.model}_w{args.world_size}{'_lora' + str(lora_rank) if lora_rank else ''}"
-    role = run_root / "global_step_1" / "actor"
-    if not (role / "fsdp_config.json").exists():
-        cmd = [gen, "--model", args.model, "--world-size", str(args.world_size), "--out", str(run_root),
-               "--tokenizer-from", str(ROOT / "demo" / "global_step_3" / "actor" / "huggingface")]
-        if lora_rank:
-            cmd += ["--lora-rank", str(lora_rank)]
-        print("generating:", " ".join(cmd), flush=True)
-        subprocess.run(cmd, check=True)
-    return role
+def shardmerge_bench(args, shardmerge, workdir, lora_rank=0):
+    """Runs `shardmerge bench --keep --json` (generating the checkpoint into workdir, or reusing the
+    one kept there); returns its JSON and the role dir."""
+    cmd = [shardmerge, "bench", "--model", args.model, "--world-size", str(args.world_size), "--workdir", str(workdir),
+           "--rounds", str(args.rounds), "--memory-limit", args.memory_limit, "--keep", "--json",
+           "--tokenizer-from", str(ROOT / "demo" / "global_step_3" / "actor" / "huggingface")]
+    if lora_rank:
+        cmd += ["--lora-rank", str(lora_rank)]
+    print("running:", " ".join(cmd), flush=True)
+    result = json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout)
+    return result, Path(result["kept"]) / "global_step_1" / "actor"
 
 
 def ensure_megatron_checkpoint(args, workdir):
@@ -123,18 +127,11 @@ def main():
         raise SystemExit("--lora-rank is only benchmarked for FSDP checkpoints")
 
     build = Path(args.build_dir)
-    shardmerge, gen = str(build / "shardmerge"), str(build / "bench" / "shardmerge-gen")
+    shardmerge = str(build / "shardmerge")
     workdir = Path(args.workdir)
     workdir.mkdir(parents=True, exist_ok=True)
-    if args.megatron:
-        role = ensure_megatron_checkpoint(args, workdir)
-        rank_files = sorted((role / "model" / "dist_ckpt").glob("*.distcp"))
-        backend = ["--backend", "megatron"]
-    else:
-        role = ensure_checkpoint(args, gen, workdir, 0)
-        rank_files = sorted(role.glob("model_world_size_*_rank_*.pt"))
-        backend = []
-    in_bytes = sum(f.stat().st_size for f in rank_files)
+    results = {k: [] for k in ("shardmerge", "io_floor", "cp -r", "cp -r + sync", "verl")}
+    rss = {k: 0 for k in results}
     out = workdir / "out"
 
     def settle(*leftovers):
@@ -144,27 +141,37 @@ def main():
             shutil.rmtree(p, ignore_errors=True)
         os.sync()
 
-    def merge(extra=()):
-        settle(out)
-        r = run_measured([shardmerge, "merge", *backend, "--local_dir", role, "--target_dir", out,
-                          "--memory-limit", args.memory_limit, *extra])
-        return r
+    if args.megatron:
+        role = ensure_megatron_checkpoint(args, workdir)
+        rank_files = sorted((role / "model" / "dist_ckpt").glob("*.distcp"))
+        in_bytes = sum(f.stat().st_size for f in rank_files)
 
-    # Warm the page cache (the figures in the issue are warm-cache figures) and size the output.
-    subprocess.run(["cat", *map(str, rank_files)], stdout=subprocess.DEVNULL, check=True)
-    merge()
-    out_bytes = tree_bytes(out)
+        def merge():
+            settle(out)
+            return run_measured([shardmerge, "merge", "--backend", "megatron", "--local_dir", role, "--target_dir", out,
+                                 "--memory-limit", args.memory_limit])
 
-    results = {k: [] for k in ("shardmerge", "io_floor", "cp -r", "cp -r + sync", "verl")}
-    rss = {k: 0 for k in results}
+        # Warm the page cache (the figures in the issue are warm-cache figures) and size the output.
+        subprocess.run(["cat", *map(str, rank_files)], stdout=subprocess.DEVNULL, check=True)
+        merge()
+        out_bytes = tree_bytes(out)
+        for _ in range(args.rounds):
+            t, m = merge()
+            results["shardmerge"].append(t)
+            rss["shardmerge"] = max(rss["shardmerge"], m)
+            settle(out)
+            results["io_floor"].append(io_floor(rank_files, out_bytes, workdir / "floor.bin"))
+    else:
+        bench, role = shardmerge_bench(args, shardmerge, workdir)
+        in_bytes, out_bytes = bench["bytes_in"], bench["bytes_out"]
+        results["shardmerge"] = [bench["merge_seconds"]]
+        results["io_floor"] = [bench["read_floor_seconds"] + bench["write_floor_seconds"]]
+        rss["shardmerge"] = bench["merge_peak_rss_bytes"]
+        rank_files = sorted(role.glob("model_world_size_*_rank_*.pt"))
+
     for rnd in range(args.rounds):
-        t, m = merge()
-        results["shardmerge"].append(t)
-        rss["shardmerge"] = max(rss["shardmerge"], m)
         copy = workdir / "copy"
         settle(out, copy)
-        results["io_floor"].append(io_floor(rank_files, out_bytes, workdir / "floor.bin"))
-        settle()
         t, m = run_measured(["cp", "-r", str(role), str(copy)])
         results["cp -r"].append(t)
         rss["cp -r"] = max(rss["cp -r"], m)
@@ -206,7 +213,7 @@ def main():
               f"verl peak RSS {rss['verl'] / 2**30:.2f} GiB")
 
     if args.lora_rank:
-        lrole = ensure_checkpoint(args, gen, workdir, args.lora_rank)
+        _, lrole = shardmerge_bench(args, shardmerge, workdir, args.lora_rank)
         subprocess.run(["cat", *map(str, lrole.glob("model_*.pt"))], stdout=subprocess.DEVNULL, check=True)
         times = {"fold": [], "drop": []}
         lrss = 0

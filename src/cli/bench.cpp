@@ -188,6 +188,7 @@ int run_bench(const BenchOptions& o) {
     const auto t0 = Clock::now();
     role_dir = synth::write_synthetic_fsdp(gen).role_dir;
     generate_secs = seconds_since(t0);
+    ::sync();  // the checkpoint's write-back must not land on the timed rounds
   }
   std::vector<fs::path> inputs;
   uint64_t bytes_in = 0;
@@ -264,6 +265,8 @@ void add_bench(CLI::App& app, Runner& run) {
       ->check(CLI::Range(0, 65536));
   cmd->add_option("--dtype", o->checkpoint.dtype, "Parameter dtype of the checkpoint")
       ->check(CLI::IsMember({"float32", "bfloat16"}));
+  cmd->add_option("--tokenizer-from,--tokenizer_from", o->checkpoint.tokenizer_from,
+                  "Copy tokenizer files into the checkpoint's huggingface/ from this HF directory");
   cmd->add_option("--device", o->device, "The merge's --device");
   cmd->add_option("--workdir", o->workdir, "Where the checkpoint and the output go (default: the temp directory)");
   cmd->add_option("--memory-limit,--memory_limit", o->memory_limit, "The merge's --memory-limit");
