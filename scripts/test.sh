@@ -1,13 +1,16 @@
 #!/usr/bin/env bash
 # The README's test command (and CI's, via .ci/run): installs everything, builds with
 # warnings as errors, generates the real-checkpoint fixtures with torch/peft/verl, runs the
-# whole ctest suite, runs the unit tests again built with AddressSanitizer and UBSan, then a
+# whole ctest suite, builds the pip wheel and runs its tests in a fresh venv
+# (scripts/test_wheel.sh), runs the unit tests again built with AddressSanitizer and UBSan, then a
 # short smoke run of the libFuzzer targets (built with clang, also under both sanitizers).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD_DIR=${BUILD_DIR:-build}
 WITH_PYTHON=1 WERROR=1 scripts/setup.sh
 ctest --test-dir "$BUILD_DIR" --output-on-failure -j 2 --timeout 1800
+# The pip wheel, installed into a fresh venv, and the Python package's tests run there.
+SHARDMERGE_FIXTURES="$PWD/$BUILD_DIR/fixtures" scripts/test_wheel.sh
 
 # Only the unit-test target (and the binary its CLI tests run) is built under the sanitizers,
 # at -O1 with asserts on: the extra build is the largest part of the extra time. The unit

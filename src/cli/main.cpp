@@ -13,7 +13,7 @@ int main(int argc, char** argv) {
   interrupt::install_handler();
   CLI::App app{"shardmerge: merge distributed training checkpoints (verl FSDP, Megatron) into HuggingFace safetensors"};
   app.require_subcommand(1);
-  app.set_version_flag("--version", "shardmerge 0.1.0");
+  app.set_version_flag("--version", "shardmerge " SHARDMERGE_VERSION);
   // Every option's default is part of its --help line (subcommands inherit this).
   app.option_defaults()->always_capture_default();
   cli::Runner run;

@@ -1,0 +1,6 @@
+from pathlib import Path
+
+__version__: str
+
+def binary() -> Path: ...
+def main(argv: list[str] | None = None) -> None: ...

@@ -1,0 +1,4 @@
+"""`python -m shardmerge ...`: the same CLI as the `shardmerge` command."""
+from shardmerge import main
+
+main()
