@@ -2,7 +2,8 @@
 // beside the I/O floors measured in the same run (nccl-tests style: one table, ratios, no
 // thresholds). The floors: reading every rank file (in parallel, as the merge does) and writing
 // the output's size with fsync (as the merge commits). The merge runs as a child `shardmerge
-// merge`, so its peak RSS is its own (wait4).
+// merge`, so its peak RSS is its own (wait4). --cold empties the page cache before every step and
+// adds the floor a merge is held to on a cold disk: reads and writes started together.
 #include <fcntl.h>
 #include <spawn.h>
 #include <sys/resource.h>
@@ -48,6 +49,7 @@ struct BenchOptions {
   bool json = false;
   bool list = false;
   bool keep = false;
+  bool cold = false;
 };
 
 double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
@@ -106,6 +108,38 @@ double write_floor(const fs::path& path, uint64_t bytes) {
   const double secs = seconds_since(start);
   fs::remove(path);
   return secs;
+}
+
+// Writes back dirty pages and empties the page cache, so that the next step reads from the disk.
+void drop_page_cache() {
+  ::sync();
+  const int fd = ::open("/proc/sys/vm/drop_caches", O_WRONLY | O_CLOEXEC);
+  if (fd < 0 || ::write(fd, "3", 1) != 1) {
+    const int err = errno;
+    if (fd >= 0) ::close(fd);
+    throw Error(std::string("--cold empties the page cache before each step and cannot: ") + std::strerror(err) +
+                " (run as root, with /proc/sys/vm writable)")
+        .file("/proc/sys/vm/drop_caches");
+  }
+  ::close(fd);
+}
+
+// Reading every input and writing the output's size with fsync, started together: what a merge
+// that overlaps its reads and writes perfectly must take at least. Seconds until both end.
+double concurrent_floor(const std::vector<fs::path>& files, const fs::path& write_path, uint64_t bytes) {
+  const auto start = Clock::now();
+  std::exception_ptr failure;
+  std::thread reader([&] {
+    try {
+      read_floor(files);
+    } catch (...) {
+      failure = std::current_exception();
+    }
+  });
+  write_floor(write_path, bytes);
+  reader.join();
+  if (failure) std::rethrow_exception(failure);
+  return seconds_since(start);
 }
 
 struct MergeRun {
@@ -198,20 +232,37 @@ int run_bench(const BenchOptions& o) {
       bytes_in += e.file_size();
     }
 
-  // Alternating rounds, so that a slow spell of the disk lands on all three alike.
-  std::vector<double> reads, writes, merges;
+  // Alternating rounds, so that a slow spell of the disk lands on every step alike. --cold empties
+  // the page cache before each step and adds the concurrent floor; the merge goes first so that
+  // the write floors know the output's size.
+  std::vector<double> reads, writes, merges, concurrents;
   uint64_t bytes_out = 0, peak_rss = 0;
+  const fs::path floor_file = workdir / ("shardmerge-bench-" + tag + ".write-floor");
+  auto cold_step = [&] {
+    if (o.cold) drop_page_cache();
+  };
   for (int r = 0; r < o.rounds; ++r) {
-    reads.push_back(read_floor(inputs));
+    if (!o.cold) reads.push_back(read_floor(inputs));
+    cold_step();
     const MergeRun m = run_merge(o, role_dir, target);
     merges.push_back(m.seconds);
     peak_rss = std::max(peak_rss, m.peak_rss);
     bytes_out = tree_bytes(target);
     fs::remove_all(target);
-    writes.push_back(write_floor(workdir / ("shardmerge-bench-" + tag + ".write-floor"), bytes_out));
+    if (o.cold) {
+      cold_step();
+      reads.push_back(read_floor(inputs));
+    }
+    cold_step();
+    writes.push_back(write_floor(floor_file, bytes_out));
+    if (o.cold) {
+      cold_step();
+      concurrents.push_back(concurrent_floor(inputs, floor_file, bytes_out));
+    }
   }
   const double read_s = median(reads), write_s = median(writes), merge_s = median(merges);
   const double ratio_max = merge_s / std::max(read_s, write_s), ratio_sum = merge_s / (read_s + write_s);
+  const double concurrent_s = o.cold ? median(concurrents) : 0;  // --cold only
 
   if (o.json) {
     nlohmann::ordered_json j;
@@ -233,19 +284,30 @@ int run_bench(const BenchOptions& o) {
     j["merge_over_max_floor"] = ratio_max;
     j["merge_over_sum_floor"] = ratio_sum;
     j["merge_peak_rss_bytes"] = peak_rss;
+    j["cold"] = o.cold;
+    if (o.cold) {
+      j["concurrent_floor_seconds"] = concurrent_s;
+      j["merge_over_concurrent_floor"] = merge_s / concurrent_s;
+    }
     j["kept"] = o.keep || reuse ? nlohmann::ordered_json(run_root.string()) : nlohmann::ordered_json(nullptr);
     std::cout << j.dump(2) << "\n";
     return 0;
   }
   char origin[64] = "reused the kept checkpoint";
   if (!reuse) std::snprintf(origin, sizeof origin, "generated in %.1f s", generate_secs);
-  std::printf("# %s of rank files in, %s of safetensors out; %s; median of %d round(s), page cache warm\n",
-              format_bytes(bytes_in).c_str(), format_bytes(bytes_out).c_str(), origin, o.rounds);
+  std::printf("# %s of rank files in, %s of safetensors out; %s; median of %d round(s), %s\n",
+              format_bytes(bytes_in).c_str(), format_bytes(bytes_out).c_str(), origin, o.rounds,
+              o.cold ? "page cache emptied before each step" : "page cache warm");
   std::printf("#%-26s %10s %14s\n", "step", "seconds", "GB/s");
   std::printf(" %-26s %10.3f %14.2f\n", "read floor (rank files)", read_s, static_cast<double>(bytes_in) / read_s / 1e9);
   std::printf(" %-26s %10.3f %14.2f\n", "write floor (out + fsync)", write_s, static_cast<double>(bytes_out) / write_s / 1e9);
   std::printf(" %-26s %10.3f %14.2f  (in + out)\n", ("merge --device " + o.device).c_str(), merge_s,
               static_cast<double>(bytes_in + bytes_out) / merge_s / 1e9);
+  if (o.cold) {
+    std::printf(" %-26s %10.3f %14.2f  (in + out)\n", "read + write together", concurrent_s,
+                static_cast<double>(bytes_in + bytes_out) / concurrent_s / 1e9);
+    std::printf("# merge / concurrent floor       = %.3f\n", merge_s / concurrent_s);
+  }
   std::printf("# merge / max(read, write) floor = %.3f\n", ratio_max);
   std::printf("# merge / (read + write) floor   = %.3f\n", ratio_sum);
   std::printf("# merge peak RSS                  = %.1f MiB\n", static_cast<double>(peak_rss) / (1 << 20));
@@ -274,6 +336,9 @@ void add_bench(CLI::App& app, Runner& run) {
   cmd->add_option("--rounds", o->rounds, "Rounds of read floor, merge, write floor (medians are shown)");
   cmd->add_flag("--json", o->json, "Print the results as JSON");
   cmd->add_flag("--list", o->list, "List the model shapes");
+  cmd->add_flag("--cold", o->cold,
+                "Empty the page cache before every step (needs root) and add the concurrent floor: reads and writes "
+                "started together");
   cmd->add_flag("--keep", o->keep, "Keep the generated checkpoint in --workdir (a later run reuses it)");
   cmd->callback([&run, o] { run = [o] { return run_bench(*o); }; });
 }

@@ -57,6 +57,24 @@ def test_table_names_each_figure(run, tmp_path):
         assert line in proc.stdout, (line, proc.stdout)
 
 
+def test_cold_adds_the_concurrent_floor_or_says_why_it_cannot(run, tmp_path):
+    """--cold empties the page cache before each step (root only) and reports the concurrent floor;
+    where the cache cannot be emptied it is an error naming /proc/sys/vm/drop_caches, and the
+    generated checkpoint is removed all the same."""
+    work = tmp_path / "work"
+    proc = bench(run, work, "--world-size", "2", "--cold", "--json", check=False)
+    if os.access("/proc/sys/vm/drop_caches", os.W_OK):
+        assert proc.returncode == 0, proc.stderr
+        r = json.loads(proc.stdout)
+        assert r["cold"] is True and r["concurrent_floor_seconds"] > 0
+        assert r["merge_over_concurrent_floor"] == pytest.approx(r["merge_seconds"] / r["concurrent_floor_seconds"])
+    else:
+        assert proc.returncode == 1, proc.stdout + proc.stderr
+        (line,) = error_lines(proc.stderr)
+        assert "/proc/sys/vm/drop_caches" in line and "--cold" in line, line
+    assert list(work.iterdir()) == []
+
+
 def test_refuses_to_start_without_the_space_it_needs(run, tmp_path):
     work = tmp_path / "work"
     work.mkdir()
