@@ -16,7 +16,8 @@ pytest.importorskip("shardmerge")
 FIXTURES = Path(os.environ.get("SHARDMERGE_FIXTURES", "/nonexistent"))
 VERL_PYTHON = os.environ.get("SHARDMERGE_VERL_PYTHON", "")
 # verl's adapter_config.json is PEFT's serialisation of the training run's LoraConfig (its r,
-# alpha and targets are compared below); every other file must be byte-identical.
+# alpha are compared below; the rest records training options that the merge does not decide);
+# every other file must be byte-identical.
 ADAPTER_CONFIG = "lora_adapter/adapter_config.json"
 
 
