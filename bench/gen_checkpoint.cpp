@@ -20,6 +20,7 @@ int main(int argc, char** argv) {
   app.add_option("--lora-alpha", o.lora_alpha, "lora_alpha written to lora_train_meta.json");
   app.add_option("--dtype", o.dtype, "Parameter dtype: float32 or bfloat16");
   app.add_option("--tokenizer-from", o.tokenizer_from, "Copy tokenizer files from this HF directory");
+  app.add_flag("--optimizer", o.optimizer, "Also write optim_ rank files (AdamW state, as torch saves it)");
   app.add_flag("--list", list, "List the model shapes");
   CLI11_PARSE(app, argc, argv);
   try {

@@ -30,8 +30,11 @@ set(allowed_write write util shardmerge)
 set(allowed_verify verify exec pipeline plan layouts geometry formats util shardmerge)
 # Synthetic checkpoints (for benchmarks) are written with the formats' writers, named as layouts name them.
 set(allowed_synth synth layouts formats util shardmerge)
-set(allowed_cli cli synth verify write exec pipeline plan layouts geometry formats kernels util shardmerge)
-set(known shardmerge util kernels formats geometry layouts plan pipeline exec write verify synth cli)
+# Reshard: pure planning (row_moves, target) and its executor (rank_files, reshard), which reads
+# sources through exec's record checker and writes through write's atomic tree writer.
+set(allowed_reshard reshard write exec layouts geometry formats util shardmerge)
+set(allowed_cli cli reshard synth verify write exec pipeline plan layouts geometry formats kernels util shardmerge)
+set(known shardmerge util kernels formats geometry layouts plan pipeline exec write verify synth reshard cli)
 
 file(GLOB_RECURSE sources RELATIVE "${ROOT}"
      "${ROOT}/src/*.cpp" "${ROOT}/src/*.hpp" "${ROOT}/src/*.cu" "${ROOT}/src/*.cuh"

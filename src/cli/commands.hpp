@@ -18,5 +18,6 @@ void add_fold_lora(CLI::App& app, Runner& run);
 void add_ls(CLI::App& app, Runner& run);
 void add_prune(CLI::App& app, Runner& run);
 void add_bench(CLI::App& app, Runner& run);
+void add_reshard(CLI::App& app, Runner& run);
 
 }  // namespace shardmerge::cli

@@ -26,6 +26,7 @@ int main(int argc, char** argv) {
   cli::add_ls(app, run);
   cli::add_prune(app, run);
   cli::add_bench(app, run);
+  cli::add_reshard(app, run);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -366,7 +366,11 @@ class Machine {
       if (is_code_execution(*callable))
         fail("it calls " + callable->text + "." + callable->name +
              ", which no checkpoint needs: refusing the file (it looks like an attempt to run code)");
-      if (Value* v = builtin_reduce(*callable, *args)) return v;
+      if (Value* v = builtin_reduce(*callable, *args)) {
+        // A dict built by OrderedDict() keeps its class, so a writer can emit it as one again.
+        if (v->kind == Kind::Dict && callable->name == "OrderedDict") v->callable = callable;
+        return v;
+      }
       if (hooks_) {
         if (Value* v = hooks_->reduce(doc_, *callable, *args)) return v;
       }

@@ -53,7 +53,7 @@ struct Value {
   std::string name;                                   // Global name
   std::vector<Value*> items;                          // Tuple, List, Set, FrozenSet; APPENDs on an Object
   std::vector<std::pair<Value*, Value*>> entries;     // Dict; SETITEMs on an Object
-  Value* callable = nullptr;                          // Object: the class or function
+  Value* callable = nullptr;                          // Object: the class or function; Dict: OrderedDict when built by it
   Value* args = nullptr;                              // Object: its argument tuple
   Value* kwargs = nullptr;                            // Object: NEWOBJ_EX keyword arguments
   Value* state = nullptr;                             // BUILD state (any kind)

@@ -1,5 +1,7 @@
 #include "formats/pickle_writer.hpp"
 
+#include <cstring>
+
 #include "util/bytes.hpp"
 
 namespace shardmerge::pickle {
@@ -33,6 +35,33 @@ Writer& Writer::integer(int64_t v) {
     out_.push_back(8);
     append_le<int64_t>(out_, v);
   }
+  return *this;
+}
+
+Writer& Writer::big_integer(std::string_view le_bytes) {
+  if (le_bytes.size() < 256) {
+    op(0x8a);
+    out_.push_back(static_cast<char>(le_bytes.size()));
+  } else {
+    op(0x8b);
+    append_le<uint32_t>(out_, static_cast<uint32_t>(le_bytes.size()));
+  }
+  out_.append(le_bytes);
+  return *this;
+}
+
+Writer& Writer::real(double v) {
+  op('G');
+  uint64_t bits;
+  std::memcpy(&bits, &v, 8);
+  for (int shift = 56; shift >= 0; shift -= 8) out_.push_back(static_cast<char>(bits >> shift));  // big-endian
+  return *this;
+}
+
+Writer& Writer::bytes(std::string_view b) {
+  op('B');
+  append_le<uint32_t>(out_, static_cast<uint32_t>(b.size()));
+  out_.append(b);
   return *this;
 }
 

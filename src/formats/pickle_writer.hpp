@@ -18,6 +18,9 @@ class Writer {
   Writer& none();
   Writer& boolean(bool v);
   Writer& integer(int64_t v);
+  Writer& big_integer(std::string_view le_bytes);  // LONG1/LONG4: little-endian two's complement
+  Writer& real(double v);                           // BINFLOAT: exact (8-byte IEEE double)
+  Writer& bytes(std::string_view b);                // BINBYTES (a protocol-3 opcode Python reads at any protocol)
   Writer& str(std::string_view s);
   Writer& global(std::string_view module, std::string_view name);
   Writer& empty_tuple();

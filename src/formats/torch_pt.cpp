@@ -54,6 +54,16 @@ std::vector<int64_t> StateEntry::global_shape() const {
 
 // ---- reconstructors: torch's allowlist -----------------------------------------------------
 
+std::vector<int64_t> DeviceMeshInfo::coordinate_of(int64_t rank) const {
+  if (!coordinate.empty()) return coordinate;
+  std::vector<int64_t> c(shape.size());
+  for (size_t i = c.size(); i-- > 0;) {
+    c[i] = rank % shape[i];
+    rank /= shape[i];
+  }
+  return c;
+}
+
 namespace {
 
 struct StorageNative : pickle::Native {
@@ -485,6 +495,32 @@ ShardedTensorValue decode_sharded_tensor(const TensorNative& wrapper) {
   return out;
 }
 
+StateEntry decode_tensor(const TensorNative& t, const std::string& name) {
+  try {
+    StateEntry e;
+    e.name = name;
+    if (t.subclass.empty()) {
+      if (!t.has_storage) throw decode_error("tensor has no storage");
+      check_view(t.view);
+      e.value = t.view;
+    } else if (t.subclass == "torch.distributed.tensor.DTensor" || t.subclass == "torch.distributed._tensor.api.DTensor" ||
+               t.subclass == "torch.distributed.tensor._api.DTensor") {
+      e.value = decode_dtensor(t);
+    } else if (t.subclass == "torch.distributed._shard.sharded_tensor.api.ShardedTensor") {
+      e.value = decode_sharded_tensor(t);
+    } else if (t.has_storage) {
+      check_view(t.view);  // another tensor subclass with its own storage: its data is the tensor
+      e.value = t.view;
+    } else {
+      throw decode_error("unsupported tensor kind " + t.subclass);
+    }
+    return e;
+  } catch (Error& err) {
+    err.tensor(name);
+    throw;
+  }
+}
+
 class Collector {
  public:
   std::vector<StateEntry> entries;
@@ -528,31 +564,7 @@ class Collector {
     }
   }
 
-  void add(const TensorNative& t, const std::string& name) {
-    try {
-      StateEntry e;
-      e.name = name;
-      if (t.subclass.empty()) {
-        if (!t.has_storage) throw decode_error("tensor has no storage");
-        check_view(t.view);
-        e.value = t.view;
-      } else if (t.subclass == "torch.distributed.tensor.DTensor" || t.subclass == "torch.distributed._tensor.api.DTensor" ||
-                 t.subclass == "torch.distributed.tensor._api.DTensor") {
-        e.value = decode_dtensor(t);
-      } else if (t.subclass == "torch.distributed._shard.sharded_tensor.api.ShardedTensor") {
-        e.value = decode_sharded_tensor(t);
-      } else if (t.has_storage) {
-        check_view(t.view);  // another tensor subclass with its own storage: its data is the tensor
-        e.value = t.view;
-      } else {
-        throw decode_error("unsupported tensor kind " + t.subclass);
-      }
-      entries.push_back(std::move(e));
-    } catch (Error& err) {
-      err.tensor(name);
-      throw;
-    }
-  }
+  void add(const TensorNative& t, const std::string& name) { entries.push_back(decode_tensor(t, name)); }
 
   std::unordered_set<const Value*> visited_;
 };
@@ -562,6 +574,12 @@ class Collector {
 pickle::Document parse_torch_pickle(std::string_view data) {
   TorchReconstructors hooks;
   return pickle::parse(data, &hooks);
+}
+
+std::optional<StateEntry> tensor_entry(const Value& v, const std::string& name) {
+  const auto* t = v.native_as<TensorNative>();
+  if (!t) return std::nullopt;
+  return decode_tensor(*t, name);
 }
 
 std::vector<StateEntry> collect_tensors(const Value& root) {

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <unordered_map>
 #include <variant>
@@ -48,6 +49,9 @@ struct DeviceMeshInfo {
   std::vector<int64_t> shape;
   std::vector<std::string> dim_names;  // empty when the mesh has none
   std::vector<int64_t> coordinate;     // this rank's coordinate; empty when the pickle lacks it
+  // Rank `rank`'s coordinate: as the pickle records it, else the rank's row-major position in
+  // the mesh (how torch and verl number meshes: arange(W).view(shape)).
+  std::vector<int64_t> coordinate_of(int64_t rank) const;
 };
 
 struct DTensorValue {
@@ -112,5 +116,8 @@ class TorchFile {
 // collect every tensor reachable from the root, named by its dotted path.
 pickle::Document parse_torch_pickle(std::string_view data);
 std::vector<StateEntry> collect_tensors(const pickle::Value& root);
+// One value of such a parse decoded as collect_tensors decodes it (named `name`), or nullopt
+// when it is no tensor.
+std::optional<StateEntry> tensor_entry(const pickle::Value& v, const std::string& name);
 
 }  // namespace shardmerge

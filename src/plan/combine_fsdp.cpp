@@ -28,19 +28,6 @@ struct Gathered {
   bool replicated_plain = false;
 };
 
-// A rank's mesh coordinate: from the pickle when torch recorded it, else the row-major
-// position of the rank in the mesh (how verl and torch build meshes: arange(W).view(shape)).
-std::vector<int64_t> coordinate_of(const DTensorValue& d, int64_t rank) {
-  if (!d.mesh.coordinate.empty()) return d.mesh.coordinate;
-  std::vector<int64_t> c(d.mesh.shape.size());
-  int64_t r = rank;
-  for (size_t i = c.size(); i-- > 0;) {
-    c[i] = r % d.mesh.shape[i];
-    r /= d.mesh.shape[i];
-  }
-  return c;
-}
-
 std::string mesh_string(const DeviceMeshInfo& mesh) {
   std::string s = "(";
   for (size_t i = 0; i < mesh.shape.size(); ++i) {
@@ -102,7 +89,7 @@ SourceSet combine_fsdp(const FsdpRole& role, const std::vector<RankFileSummary>&
         } else if (const auto* d = std::get_if<DTensorValue>(&e.value)) {
           check(d->local);
           const auto runs = dtensor_local_runs(d->global_size, d->placements, d->mesh.shape,
-                                             coordinate_of(*d, f.rank), d->shard_order);
+                                             d->mesh.coordinate_of(f.rank), d->shard_order);
           for (Slice& s : view_to_slices(fi, f.file.record_of(d->local).data_offset, d->local, runs))
             g.candidates.push_back({f.rank, std::move(s)});
           g.origin = "DTensor " + placements_string(d->placements) + " on mesh " + mesh_string(d->mesh);

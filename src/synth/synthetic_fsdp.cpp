@@ -3,13 +3,9 @@
 #include <filesystem>
 #include <cstdio>
 #include <cstring>
-#include <functional>
-#include <optional>
-#include <map>
 #include <nlohmann/json.hpp>
 
-#include "formats/pickle_writer.hpp"
-#include "formats/torch_writer.hpp"
+#include "formats/torch_save_writer.hpp"
 #include "layouts/names.hpp"
 #include "shardmerge/convert.hpp"
 #include "shardmerge/error.hpp"
@@ -130,208 +126,117 @@ int64_t row_elems(const std::vector<int64_t>& shape) {
   return n;
 }
 
-std::vector<int64_t> contiguous_strides(const std::vector<int64_t>& shape) {
-  std::vector<int64_t> s(shape.size(), 1);
-  for (size_t d = shape.size(); d-- > 1;) s[d - 1] = s[d] * shape[d];
-  return s;
+// A storage of `total` elements: synthetic values of stream `id` from global element `first`
+// for the first `valid`, zeros after (FSDP2's padding rows).
+std::string value_storage(TorchSaveWriter& out, uint64_t id, uint64_t first, uint64_t valid, uint64_t total, bool bf16) {
+  const uint64_t elem = bf16 ? 2 : 4;
+  return out.add_storage(total * elem, [=, pos = uint64_t{0}](char* buf, size_t n) mutable {
+    for (size_t k = 0; k < n; k += elem, ++pos) {
+      const float v = pos < valid ? synthetic_value(id, first + pos) : 0.0f;
+      if (bf16) {
+        const uint16_t h = convert::f32_to_bf16(v);
+        std::memcpy(buf + k, &h, 2);
+      } else {
+        std::memcpy(buf + k, &v, 4);
+      }
+    }
+  });
+}
+
+// Rank `rank`'s torch.chunk piece of dim 0: first row and row count.
+std::pair<int64_t, int64_t> local_rows(int64_t rows, int64_t world, int64_t rank) {
+  const int64_t chunk = (rows + world - 1) / world;
+  const int64_t begin = std::min(rows, rank * chunk);
+  return {begin, std::min(rows, begin + chunk) - begin};
+}
+
+Placement shard0() {
+  Placement p;
+  p.kind = PlacementKind::Shard;
+  return p;
 }
 
 // One rank's torch.save(model.state_dict()) of an FSDP2 model on a 1-D ("fsdp",) mesh.
-class RankFileWriter {
- public:
-  RankFileWriter(const std::vector<Param>& params, int64_t world, int64_t rank, bool bf16)
-      : params_(params), world_(world), rank_(rank), bf16_(bf16) {}
-
-  uint64_t write(const std::string& path) {
-    const std::string archive = fs::path(path).stem().string();
-    pickle::Writer w;
-    w.global("collections", "OrderedDict");
-    ordered_dict_ = w.put();
-    w.empty_tuple().reduce();
+uint64_t write_rank_file(const std::vector<Param>& params, int64_t world, int64_t rank, bool bf16, const std::string& path) {
+  TorchSaveWriter out;
+  pickle::Writer& w = out.pickle();
+  out.global("collections", "OrderedDict");
+  w.empty_tuple().reduce();
+  w.put();
+  w.mark();
+  const MeshOut mesh{{world}, {"fsdp"}, {"0"}, rank};
+  std::vector<std::string> keys(params.size());
+  for (size_t i = 0; i < params.size(); ++i) {
+    const Param& p = params[i];
+    w.str(p.name);
     w.put();
-    w.mark();
-    std::vector<std::string> keys(params_.size());
-    for (size_t i = 0; i < params_.size(); ++i) {
-      w.str(params_[i].name);
-      w.put();
-      dtensor(w, i, keys);
+    const int64_t chunk = (p.shape[0] + world - 1) / world, row = row_elems(p.shape);
+    const auto [begin, rows] = local_rows(p.shape[0], world, rank);
+    // FSDP2 pads every rank's storage to the chunk size.
+    keys[i] = p.shares >= 0 ? keys[static_cast<size_t>(p.shares)]
+                            : value_storage(out, p.id, static_cast<uint64_t>(begin * row), static_cast<uint64_t>(rows * row),
+                                            static_cast<uint64_t>(chunk * row), bf16);
+    std::vector<int64_t> local = p.shape;
+    local[0] = rows;
+    out.dtensor({bf16 ? DType::BF16 : DType::F32, p.shape, {shard0()}, local, keys[i], chunk * row}, mesh);
+  }
+  w.setitems();
+  return out.write(path);
+}
+
+// One rank's torch.save(optimizer.state_dict()) of AdamW over the trainable parameters (the
+// adapters of a LoRA model), one step taken: per parameter a 0-dim fp32 `step` and exp_avg,
+// exp_avg_sq DTensors of the parameter's dtype whose storages are not padded (AdamW makes them
+// with zeros_like of the unpadded local view).
+uint64_t write_optim_file(const std::vector<Param>& params, bool lora, int64_t world, int64_t rank, bool bf16,
+                          const std::string& path) {
+  TorchSaveWriter out;
+  pickle::Writer& w = out.pickle();
+  const MeshOut mesh{{world}, {"fsdp"}, {"0"}, rank};
+  const uint64_t streams = params.size();
+  w.empty_dict();
+  w.put();
+  w.mark().str("state");
+  w.put();
+  w.empty_dict();
+  w.put();
+  w.mark();
+  int64_t index = 0;
+  for (const Param& p : params) {
+    if (p.shares >= 0 || (lora && !p.adapter)) continue;
+    w.integer(index++).empty_dict();
+    w.put();
+    w.mark().str("step");
+    // A storage of its own per step, as torch saves them: AdamW increments each in place.
+    const std::string step_key = out.add_storage(4, [](char* buf, size_t) {
+      const float one = 1.0f;
+      std::memcpy(buf, &one, 4);
+    });
+    out.tensor(DType::F32, step_key, 1, 0, {}, {});
+    const int64_t row = row_elems(p.shape);
+    const auto [begin, rows] = local_rows(p.shape[0], world, rank);
+    std::vector<int64_t> local = p.shape;
+    local[0] = rows;
+    for (uint64_t k = 1; k <= 2; ++k) {
+      w.str(k == 1 ? "exp_avg" : "exp_avg_sq");
+      const std::string key = value_storage(out, p.id + k * streams, static_cast<uint64_t>(begin * row),
+                                            static_cast<uint64_t>(rows * row), static_cast<uint64_t>(rows * row), bf16);
+      out.dtensor({bf16 ? DType::BF16 : DType::F32, p.shape, {shard0()}, local, key, rows * row}, mesh);
     }
     w.setitems();
-    const std::string pkl = w.finish();
-
-    TorchArchiveWriter zip(path, archive);
-    zip.add_record("data.pkl", pkl);
-    zip.add_record(".format_version", "1");
-    zip.add_record(".storage_alignment", "64");
-    zip.add_record("byteorder", "little");
-    for (size_t k = 0; k < storages_.size(); ++k) zip.add_record("data/" + std::to_string(k), storages_[k].bytes, storages_[k].fill);
-    zip.add_record(".data/serialization_id", std::string(40, '0'));
-    zip.finish();
-    return File::open_read(path).size();
   }
-
- private:
-  struct Storage {
-    uint64_t bytes;
-    std::function<void(char*, size_t)> fill;
-  };
-
-  uint32_t memo_global(pickle::Writer& w, const std::string& module, const std::string& name) {
-    auto [it, fresh] = globals_.try_emplace(module + " " + name, 0);
-    if (!fresh) {
-      w.get(it->second);
-    } else {
-      w.global(module, name);
-      it->second = w.put();
-    }
-    return it->second;
-  }
-
-  // ('storage', <class>, key, 'cpu', numel) BINPERSID, as torch's persistent_id writes it.
-  void storage_ref(pickle::Writer& w, const std::string& cls, const std::string& key, int64_t numel) {
-    w.mark().str("storage");
-    memo_global(w, "torch", cls);
-    w.str(key).str("cpu").integer(numel).tuple().binpersid();
-  }
-
-  void rebuild_tensor(pickle::Writer& w, const std::string& cls, const std::string& key, int64_t numel,
-                      const std::vector<int64_t>& size) {
-    memo_global(w, "torch._utils", "_rebuild_tensor_v2");
-    w.mark();
-    storage_ref(w, cls, key, numel);
-    w.integer(0).int_tuple(size).int_tuple(contiguous_strides(size)).boolean(false);
-    w.get(ordered_dict_).empty_tuple().reduce();
-    w.tuple().reduce();
-  }
-
-  void mesh(pickle::Writer& w) {
-    if (mesh_memo_) {
-      w.get(*mesh_memo_);
-      return;
-    }
-    memo_global(w, "torch.distributed.device_mesh", "DeviceMesh");
-    w.empty_tuple().newobj();
-    mesh_memo_ = w.put();
-    w.empty_dict().mark();
-    w.str("_device_type").str("cpu");
-    w.str("_layout");
-    memo_global(w, "torch.distributed._mesh_layout", "_MeshLayout");
-    w.empty_tuple().newobj().empty_dict().str("axes");
-    memo_global(w, "torch.distributed._mesh_layout", "_FlatLayout");
-    w.empty_tuple().newobj().empty_dict().mark();
-    w.str("shape").int_tuple({world_}).str("stride").int_tuple({1});
-    w.setitems().build().tuple(1).setitem().build();
-    // The rank map is a small int32 tensor with its own storage record.
-    const std::string key = std::to_string(storages_.size());
-    const int64_t world = world_;
-    storages_.push_back({static_cast<uint64_t>(world_) * 4, [world, next = int32_t{0}](char* buf, size_t n) mutable {
-                           for (size_t i = 0; i + 4 <= n && next < world; i += 4, ++next) std::memcpy(buf + i, &next, 4);
-                         }});
-    w.str("_rank_map");
-    rebuild_tensor(w, "IntStorage", key, world_, {world_});
-    w.str("_mesh_dim_names").str("fsdp").tuple(1);
-    w.str("_root_mesh").none();
-    w.str("_preserve_rank_order").boolean(false);
-    w.str("_flatten_rank_map").mark();
-    for (int64_t r = 0; r < world_; ++r) w.integer(r);
-    w.tuple();
-    w.str("_thread_id").none();
-    w.str("_flatten_mapping").empty_dict();
-    w.str("_dim_group_names").empty_list().str("0").append();
-    w.str("_rank").integer(rank_);
-    w.str("_coordinate_on_dim").int_tuple({rank_});
-    w.str("_hash").none();
-    w.setitems().build();
-  }
-
-  // _rebuild_from_type_v2(_rebuild_wrapper_subclass, DTensor, (...), (None, {_local_tensor, _spec}))
-  void dtensor(pickle::Writer& w, size_t index, std::vector<std::string>& keys) {
-    const Param& p = params_[index];
-    const int64_t rows = p.shape[0], chunk = (rows + world_ - 1) / world_;
-    const int64_t begin = std::min(rows, rank_ * chunk), local_rows = std::min(rows, begin + chunk) - begin;
-    const int64_t row = row_elems(p.shape);
-    std::vector<int64_t> local = p.shape;
-    local[0] = local_rows;
-    const std::string cls = bf16_ ? "BFloat16Storage" : "FloatStorage";
-    const std::string dtype = bf16_ ? "bfloat16" : "float32";
-    if (p.shares >= 0) {
-      keys[index] = keys[static_cast<size_t>(p.shares)];
-    } else {
-      // FSDP2 pads every rank's storage to the chunk size; padding rows are zeros.
-      keys[index] = std::to_string(storages_.size());
-      const uint64_t elem = bf16_ ? 2 : 4, valid = static_cast<uint64_t>(local_rows * row);
-      const uint64_t first = static_cast<uint64_t>(begin * row);
-      const bool bf16 = bf16_;
-      storages_.push_back({static_cast<uint64_t>(chunk * row) * elem, [=, pos = uint64_t{0}](char* buf, size_t n) mutable {
-                             for (size_t i = 0; i < n; i += elem, ++pos) {
-                               const float v = pos < valid ? synthetic_value(p.id, first + pos) : 0.0f;
-                               if (bf16) {
-                                 const uint16_t h = convert::f32_to_bf16(v);
-                                 std::memcpy(buf + i, &h, 2);
-                               } else {
-                                 std::memcpy(buf + i, &v, 4);
-                               }
-                             }
-                           }});
-    }
-    memo_global(w, "torch._tensor", "_rebuild_from_type_v2");
-    w.mark();
-    memo_global(w, "torch._utils", "_rebuild_wrapper_subclass");
-    const uint32_t dt = memo_global(w, "torch.distributed.tensor", "DTensor");
-    w.mark().get(dt);
-    memo_global(w, "torch", dtype);
-    w.int_tuple(p.shape).int_tuple(contiguous_strides(p.shape)).integer(0);
-    if (layout_memo_) {
-      w.get(*layout_memo_);
-    } else {
-      memo_global(w, "torch.serialization", "_get_layout");
-      w.str("torch.strided").tuple(1).reduce();
-      layout_memo_ = w.put();
-    }
-    if (device_memo_) {
-      w.get(*device_memo_);
-    } else {
-      memo_global(w, "torch", "device");
-      w.str("cpu").tuple(1).reduce();
-      device_memo_ = w.put();
-    }
-    w.boolean(false).tuple();
-    w.none().empty_dict().mark();
-    w.str("_local_tensor");
-    rebuild_tensor(w, cls, keys[index], chunk * row, local);
-    w.str("_spec");
-    memo_global(w, "torch.distributed.tensor._dtensor_spec", "DTensorSpec");
-    w.empty_tuple().newobj().empty_dict().mark();
-    w.str("mesh");
-    mesh(w);
-    w.str("placements");
-    memo_global(w, "torch.distributed.tensor.placement_types", "Shard");
-    w.empty_tuple().newobj().empty_dict().str("dim").integer(0).setitem().build().tuple(1);
-    w.str("tensor_meta");
-    memo_global(w, "torch.distributed.tensor._dtensor_spec", "TensorMeta");
-    memo_global(w, "torch", "Size");
-    w.int_tuple(p.shape).tuple(1).reduce();
-    w.int_tuple(contiguous_strides(p.shape));
-    memo_global(w, "torch", dtype);
-    w.tuple(3).newobj();
-    w.str("shard_order");
-    memo_global(w, "torch.distributed.tensor._dtensor_spec", "ShardOrderEntry");
-    w.integer(0).int_tuple({0}).tuple(2).newobj().tuple(1);
-    w.str("use_strided_shard_as_shard_order").boolean(false);
-    w.str("_hash").none();
-    w.setitems().build();
-    w.setitems().tuple(2);
-    w.tuple().reduce();
-  }
-
-  const std::vector<Param>& params_;
-  int64_t world_, rank_;
-  bool bf16_;
-  uint32_t ordered_dict_ = 0;
-  std::map<std::string, uint32_t> globals_;
-  std::optional<uint32_t> mesh_memo_, layout_memo_, device_memo_;
-  std::vector<Storage> storages_;
-};
+  w.setitems();
+  w.str("param_groups").empty_list().empty_dict().mark();
+  w.str("lr").real(1e-6).str("betas").real(0.9).real(0.999).tuple(2).str("eps").real(1e-8);
+  w.str("weight_decay").real(0.01).str("amsgrad").boolean(false).str("maximize").boolean(false);
+  w.str("foreach").none().str("capturable").boolean(false).str("differentiable").boolean(false);
+  w.str("fused").none().str("decoupled_weight_decay").boolean(true).str("initial_lr").real(1e-6);
+  w.str("params").empty_list().mark();
+  for (int64_t i = 0; i < index; ++i) w.integer(i);
+  w.appends().setitems().append();
+  w.setitems();
+  return out.write(path);
+}
 
 void write_json(const fs::path& path, const nlohmann::ordered_json& j, int indent = 2) {
   write_small_file(path.string(), j.dump(indent) + "\n");
@@ -351,6 +256,8 @@ SyntheticSize estimate_synthetic(const SyntheticOptions& o) {
     if (p.shares < 0) size.rank_file_bytes += world * ((rows + world - 1) / world) * row * elem;
     size.rank_file_bytes += world * kPerTensorOverhead;
     if (p.shares < 0 && !p.adapter) size.merged_bytes += rows * row * 2 + kPerTensorOverhead;
+    if (o.optimizer && p.shares < 0 && (o.lora_rank == 0 || p.adapter))
+      size.rank_file_bytes += 2 * rows * row * elem + world * 3 * kPerTensorOverhead;  // exp_avg, exp_avg_sq, step
   }
   size.rank_file_bytes += world * kPerFileOverhead;
   return size;
@@ -405,8 +312,11 @@ SyntheticSummary write_synthetic_fsdp(const SyntheticOptions& o) {
   for (const auto& p : params)
     if (p.shares < 0) summary.parameters += static_cast<uint64_t>(p.shape[0] * row_elems(p.shape));
   for (int64_t r = 0; r < o.world_size; ++r) {
-    RankFileWriter writer(params, o.world_size, r, o.dtype == "bfloat16");
-    summary.rank_file_bytes += writer.write((role / layouts::rank_file_name("model", o.world_size, r)).string());
+    summary.rank_file_bytes += write_rank_file(params, o.world_size, r, o.dtype == "bfloat16",
+                                               (role / layouts::rank_file_name("model", o.world_size, r)).string());
+    if (o.optimizer)
+      summary.rank_file_bytes += write_optim_file(params, o.lora_rank > 0, o.world_size, r, o.dtype == "bfloat16",
+                                                  (role / layouts::rank_file_name("optim", o.world_size, r)).string());
   }
   return summary;
 }

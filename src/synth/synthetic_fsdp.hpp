@@ -39,6 +39,7 @@ struct SyntheticOptions {
   int64_t step = 1;
   std::string tokenizer_from;  // copy tokenizer files from this HF dir (optional)
   std::string dtype = "float32";  // float32 or bfloat16 parameters
+  bool optimizer = false;         // also optim_ rank files: AdamW state (step, exp_avg, exp_avg_sq)
 };
 
 struct SyntheticSummary {

@@ -69,18 +69,6 @@ std::vector<std::vector<int64_t>> dtensor_indices(const DTensorValue& d, const s
   return out;
 }
 
-// A rank's mesh coordinate: as the pickle records it, else the rank's row-major position in
-// the mesh (how torch and verl number meshes).
-std::vector<int64_t> mesh_coordinate(const DeviceMeshInfo& mesh, int64_t rank) {
-  if (!mesh.coordinate.empty()) return mesh.coordinate;
-  std::vector<int64_t> c(mesh.shape.size());
-  for (size_t i = c.size(); i-- > 0;) {
-    c[i] = rank % mesh.shape[i];
-    rank /= mesh.shape[i];
-  }
-  return c;
-}
-
 }  // namespace
 
 ReferencePiece torch_piece(uint32_t file, const ZipEntry& record, const TensorView& view,
@@ -146,7 +134,7 @@ ReferenceSources reference_from_fsdp(const layouts::FsdpRole& role) {
         } else if (const auto* d = std::get_if<DTensorValue>(&e.value)) {
           add_unless_replica(
               t, torch_piece(fi, file.storage_record(d->local), d->local,
-                             dtensor_indices(*d, mesh_coordinate(d->mesh, static_cast<int64_t>(rank))), holder));
+                             dtensor_indices(*d, d->mesh.coordinate_of(static_cast<int64_t>(rank))), holder));
           kind = "DTensor placements";
         } else {
           for (const auto& local : std::get<ShardedTensorValue>(e.value).local_shards)
