@@ -10,7 +10,7 @@ BUILD_DIR=${BUILD_DIR:-build}
 WITH_PYTHON=1 WERROR=1 scripts/setup.sh
 ctest --test-dir "$BUILD_DIR" --output-on-failure -j 2 --timeout 1800
 # The pip wheel, installed into a fresh venv, and the Python package's tests run there.
-SHARDMERGE_FIXTURES="$PWD/$BUILD_DIR/fixtures" scripts/test_wheel.sh
+SHARDMERGE_FIXTURES="$PWD/$BUILD_DIR/fixtures" SHARDMERGE_GEN="$PWD/$BUILD_DIR/bench/shardmerge-gen" scripts/test_wheel.sh
 
 # Only the unit-test target (and the binary its CLI tests run) is built under the sanitizers,
 # at -O1 with asserts on: the extra build is the largest part of the extra time. The unit

@@ -3,7 +3,8 @@
 # PyPI, only the CLI target: no tests, no benchmarks), installs it into a fresh venv and runs
 # tests/python there, so the installed package is what is tested, never the build tree.
 # Skips, saying so, when python3 with venv is missing. SHARDMERGE_FIXTURES (default
-# build/fixtures) feeds the tests that merge a real checkpoint.
+# build/fixtures) feeds the tests that merge a real checkpoint; SHARDMERGE_GEN (default
+# build/bench/shardmerge-gen) writes the larger synthetic checkpoint of the API's interrupt test.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 repo=$PWD
@@ -26,4 +27,5 @@ CMAKE_ARGS="${launcher[*]}" CMAKE_BUILD_PARALLEL_LEVEL=${CMAKE_BUILD_PARALLEL_LE
 echo "test_wheel: wheel built and installed in $((SECONDS - start)) s"
 cd "$work"  # not the repo root: `import shardmerge` must find the installed package
 SHARDMERGE_VERL_PYTHON=${SHARDMERGE_VERL_PYTHON:-$( [ -x "$repo/.venv/bin/python" ] && echo "$repo/.venv/bin/python" )} \
-  SHARDMERGE_FIXTURES=${SHARDMERGE_FIXTURES:-$repo/build/fixtures} "$py" -m pytest -q -p no:cacheprovider "$repo/tests/python"
+  SHARDMERGE_GEN=${SHARDMERGE_GEN:-$repo/build/bench/shardmerge-gen} \
+  SHARDMERGE_FIXTURES=${SHARDMERGE_FIXTURES:-$repo/build/fixtures} "$py" -m pytest -q -p no:cacheprovider --basetemp "$work/pytest" "$repo/tests/python"

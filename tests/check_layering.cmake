@@ -33,8 +33,12 @@ set(allowed_synth synth layouts formats util shardmerge)
 # Reshard: pure planning (row_moves, target) and its executor (rank_files, reshard), which reads
 # sources through exec's record checker and writes through write's atomic tree writer.
 set(allowed_reshard reshard write exec layouts geometry formats util shardmerge)
-set(allowed_cli cli reshard synth verify write exec pipeline plan layouts geometry formats kernels util shardmerge)
-set(known shardmerge util kernels formats geometry layouts plan pipeline exec write verify synth reshard cli)
+# One function per operation (inspect, plan, merge, verify) returning its JSON summary: what the
+# CLI's subcommands print and the Python module (python/) returns.
+set(allowed_api api verify write exec pipeline plan layouts geometry formats kernels util shardmerge)
+set(allowed_python python api pipeline util shardmerge)
+set(allowed_cli cli api reshard synth verify write exec pipeline plan layouts geometry formats kernels util shardmerge)
+set(known shardmerge util kernels formats geometry layouts plan pipeline exec write verify synth reshard api python cli)
 
 file(GLOB_RECURSE sources RELATIVE "${ROOT}"
      "${ROOT}/src/*.cpp" "${ROOT}/src/*.hpp" "${ROOT}/src/*.cu" "${ROOT}/src/*.cuh"

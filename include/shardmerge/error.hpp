@@ -40,6 +40,7 @@ class Error : public std::exception {
   const std::string& message() const { return message_; }
   const std::string& file() const { return file_; }
   const std::string& tensor() const { return tensor_; }
+  const std::optional<uint64_t>& offset() const { return offset_; }
   ExitCode exit_code() const { return code_; }
   const char* what() const noexcept override { return line_.c_str(); }
 

@@ -2,11 +2,13 @@
 // implement it; neither parses anything, they only follow the plan.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <memory>
 #include <string>
 
+#include "shardmerge/error.hpp"
 #include "shardmerge/plan.hpp"
 #include "shardmerge/trace.hpp"
 
@@ -39,8 +41,16 @@ struct ExecOptions {
   int32_t rank = -1;
   // Called with output bytes as they are written (a progress display), from any thread.
   std::function<void(uint64_t bytes)> on_written;
+  // Set by the caller (the Python API, on Ctrl-C or a failing progress callback) to stop the run
+  // at the next task boundary; the run then throws cancelled_error().
+  const std::atomic<bool>* cancel = nullptr;
   Trace* trace = nullptr;  // phases, when --profile asks for them
 };
+
+inline Error cancelled_error() { return Error("cancelled"); }
+inline void throw_if_cancelled(const std::atomic<bool>* cancel) {
+  if (cancel && cancel->load(std::memory_order_relaxed)) throw cancelled_error();
+}
 
 struct ExecStats {
   uint64_t bytes_read = 0;

@@ -2,7 +2,8 @@
 
 The wheel bundles the C++ command-line program built by the project's CMake build; the
 `shardmerge` console command and `python -m shardmerge` run that same binary, so their flags,
-output and exit codes are the CLI's own.
+output and exit codes are the CLI's own. The same operations are also functions here (inspect,
+plan, merge, verify: see shardmerge._api), run in this process by the compiled module _core.
 """
 from __future__ import annotations
 
@@ -11,7 +12,9 @@ import sys
 from importlib import metadata
 from pathlib import Path
 
-__all__ = ["binary", "main", "__version__"]
+from shardmerge._api import Error, inspect, merge, plan, verify
+
+__all__ = ["Error", "binary", "inspect", "main", "merge", "plan", "verify", "__version__"]
 
 try:
     __version__ = metadata.version("shardmerge")

@@ -23,7 +23,7 @@ FoldLoraRequest to_request(const FoldLoraCli& o) {
   FoldLoraRequest r;
   r.base_dir = o.base;
   r.adapter_dir = o.adapter;
-  r.output = output_dtype_options(o.dtype);
+  r.output = api::output_dtype_options(o.dtype);
   r.output.max_shard_size = parse_size(o.max_shard_size);
   if (o.lora_alpha != 0) r.lora_alpha = o.lora_alpha;
   r.force_lora_alpha = o.force_lora_alpha;
@@ -42,7 +42,7 @@ void add_fold_lora(CLI::App& app, Runner& run) {
   cmd->add_option("--dtype", o->dtype,
                   "Output dtype of floating-point tensors: auto (default: config.json's), default (fp32 -> bf16; fp16 "
                   "and bf16 keep theirs), bf16, fp16, fp32, keep")
-      ->check(CLI::IsMember(kDTypeChoices));
+      ->check(CLI::IsMember(api::kDTypeChoices));
   cmd->add_option("--max-shard-size,--max_shard_size", o->max_shard_size, "Largest output shard, e.g. 5GB")
       ->check(byte_size_check());
   add_lora_alpha_options(cmd, o->lora_alpha, o->force_lora_alpha);

@@ -1,35 +1,21 @@
 // `shardmerge plan` (print the MergePlan, or write it as a plan file) and `shardmerge merge` (run
 // it, made now or read from a plan file).
-#include <fcntl.h>
-#include <unistd.h>
-
-#include <cerrno>
-#include <chrono>
 #include <cstdio>
-#include <cstring>
 #include <filesystem>
 #include <iostream>
 #include <memory>
 
+#include "api/merge.hpp"
+#include "api/plan.hpp"
 #include "cli/commands.hpp"
 #include "cli/merge_options.hpp"
-#include "exec/dist/process_group.hpp"
-#include "plan/plan_file.hpp"
 #include "geometry/sharding.hpp"
 #include "shardmerge/error.hpp"
-#include "shardmerge/executor.hpp"
 #include "util/progress.hpp"
-#include "util/rss.hpp"
-#include "shardmerge/trace.hpp"
 #include "util/units.hpp"
-#include "verify/reference_verify.hpp"
-#include "write/hf_tree_writer.hpp"
 
 namespace shardmerge::cli {
 namespace {
-
-using Clock = std::chrono::steady_clock;
-double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 
 void print_plan_human(const PlannedMerge& pm, int verbose) {
   const MergePlan& p = pm.plan;
@@ -57,57 +43,28 @@ struct MergeCli {
   std::string plan_file;  // --plan: run this plan instead of planning
 };
 
-// A plan file's plan, refused if a source this process reads changed since it was made. The
-// plan's source_dir is the directory the target must stay out of.
-PlannedMerge planned_from_file(const std::string& path) {
-  const std::optional<dist::LaunchInfo> launch = dist::launch_from_environment();
-  PlannedMerge pm;
-  pm.plan = read_plan_file(path);
-  confirm_sources_unchanged(pm.plan, path, launch ? launch->rank : -1);
-  pm.role_dir = pm.plan.source_dir;
-  return pm;
-}
-
 // verl's merger writes to ./tmp when --target_dir is not given; shardmerge does too, but says so.
-ExecCliOptions with_target(ExecCliOptions o) {
+api::WriteOptions with_target(api::WriteOptions o) {
   if (!o.target.empty()) return o;
-  o.target = kDefaultTarget;
+  o.target = api::kDefaultTarget;
   std::fprintf(stderr, "shardmerge: warning: no --target_dir given: writing to %s (verl's default)\n",
                std::filesystem::absolute(o.target).lexically_normal().c_str());
   return o;
 }
 
-// The trace is written after the merge; a path that cannot take it must fail before any work.
-// Opening it is the only test that holds for every cause (missing dir, directory, read-only
-// filesystem, permissions, root); a file this creates is removed again.
-void check_profile_path(const std::string& path) {
-  std::error_code ec;
-  const bool existed = std::filesystem::exists(path, ec);
-  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC, 0644);
-  if (fd < 0) throw usage_error("--profile " + path + ": cannot write there: " + std::strerror(errno));
-  ::close(fd);
-  if (!existed) ::unlink(path.c_str());
-}
-
-// What the executor reports to the progress bar: tensor data, not headers.
-uint64_t tensor_bytes(const MergePlan& plan) {
-  uint64_t n = 0;
-  for (const auto& t : plan.tensors) n += t.nbytes;
-  return n;
-}
-
 }  // namespace
 
-void add_exec_options(CLI::App* cmd, ExecCliOptions& o) {
+void add_exec_options(CLI::App* cmd, ExecCliOptions& cli) {
+  api::WriteOptions& o = cli.write;
   cmd->add_option("--target_dir,--target-dir", o.target,
                   "Output directory (created atomically); when not given, verl's default, said on stderr")
-      ->default_str(kDefaultTarget);
+      ->default_str(api::kDefaultTarget);
   cmd->add_option("--threads", o.threads, "Worker threads; 0: two per core the process may run on");
   cmd->add_option("--memory-limit,--memory_limit", o.memory_limit, "Peak resident memory, e.g. 512MiB, 2GB")
       ->check(byte_size_check());
   add_device_options(cmd, o.device, o.gpu_memory);
   cmd->add_option("--profile", o.profile, "Write a Chrome trace of the phases to this file (default: none)");
-  cmd->add_flag("--json", o.json, "Print the summary as JSON");
+  cmd->add_flag("--json", cli.json, "Print the summary as JSON");
   cmd->add_flag("--verify", o.verify,
                 "After writing, compare every output element with the checkpoint assembled from its own metadata "
                 "(independently of the merge plan)");
@@ -117,121 +74,62 @@ void add_exec_options(CLI::App* cmd, ExecCliOptions& o) {
                 "whole; same-dtype copies then go through memory instead of copy_file_range)");
 }
 
-int write_merge(const std::function<PlannedMerge()>& make_plan, const ExecCliOptions& given) {
-  const auto start = Clock::now();
-  if (!given.profile.empty()) check_profile_path(given.profile);
-  const ExecCliOptions o = with_target(given);
-  Trace trace(!o.profile.empty());
-  const std::optional<dist::LaunchInfo> launch = dist::launch_from_environment();
-  // Under a launcher, `--device cuda` means this process's own GPU, one process per GPU.
-  const std::string device = launch && o.device == "cuda" ? "cuda:" + std::to_string(launch->local_rank) : o.device;
-  parse_device(device);  // a misspelt --device fails before planning
-  ExecOptions exec;
-  exec.threads = o.threads;
-  exec.memory_limit = parse_size(o.memory_limit);
-  exec.check_crc = !o.no_crc;
-  exec.trace = &trace;
-  if (launch) {
-    if (!o.profile.empty()) throw usage_error("--profile is not available in a multi-process merge");
-    // Each process plans later, inside the group: `auto` weighs the cores only.
-    ChosenExecutor chosen = choose_executor(device, o.gpu_memory, Workload{0, 0, o.threads});
-    dist::ProcessGroup group(*launch);
-    return write_merge_distributed(group, make_plan, o, *chosen.executor, exec);
-  }
-
-  PlannedMerge pm;
-  const auto plan_start = Clock::now();
-  {
-    auto scope = trace.scope("plan");
-    pm = make_plan();
-  }
-  const double plan_secs = seconds_since(plan_start);
-  const MergePlan& plan = pm.plan;
-  ChosenExecutor chosen = choose_executor(device, o.gpu_memory, workload_of(plan, o.threads));
-  for (const auto& w : plan.warnings) std::fprintf(stderr, "shardmerge: warning: %s\n", w.c_str());
-  if (!o.json) {
-    std::printf("shardmerge: %s\n  source: %s\n  executor: %s\n", plan.layout.c_str(), pm.role_dir.c_str(),
-                chosen.description.c_str());
-    for (const auto& n : plan.notes) std::printf("  note: %s\n", n.c_str());
-    std::fflush(stdout);
-  }
-
-  HfTreeWriter writer(o.target, o.force, pm.role_dir);
-  for (const std::string& d : pm.other_source_dirs) writer.refuse_overlap(d);
-  writer.create(plan);
-  Executor& executor = *chosen.executor;
-  Progress progress("merging", tensor_bytes(plan), !o.json && Progress::stderr_is_tty());
-  exec.on_written = [&progress](uint64_t n) { progress.add(n); };
-  const auto write_start = Clock::now();
-  const ExecStats stats = executor.run(plan, writer, exec);
-  progress.finish();
-  const double write_secs = seconds_since(write_start);
-
-  std::optional<ReferenceCheck> check;
-  const auto verify_start = Clock::now();
-  double verify_secs = 0;
-  if (o.verify) {
-    // Every element against the checkpoint assembled from its own metadata (reads it again),
-    // before the commit: an output that fails verification never appears at the target.
-    auto scope = trace.scope("verify");
-    check = verify_against_sources(pm, writer.temp_dir());
-    verify_secs = seconds_since(verify_start);
-  }
-  if (check && !check->diff.equal()) {
-    std::printf("shardmerge: %s\n", check->summary().c_str());
-    for (const auto& l : check->diff.report(20)) std::printf("  %s\n", l.c_str());
-    throw Error("verification failed: the merged output differs from the source; nothing was written to " + o.target);
-  }
-  const auto commit_start = Clock::now();
-  {
-    auto scope = trace.scope("fsync");
-    writer.commit(plan);
-  }
-  const double commit_secs = seconds_since(commit_start);
-  const double secs = seconds_since(start);
-  if (!o.profile.empty()) trace.write(o.profile);
-
-  const uint64_t peak = peak_rss_bytes();
-  if (o.json) {
-    nlohmann::ordered_json j;
-    j["source"] = pm.role_dir;
-    j["target"] = o.target;
-    j["layout"] = plan.layout;
-    j["executor"] = chosen.description;
-    j["tensors"] = plan.tensors.size();
-    j["files"] = plan.files.size();
-    j["bytes_read"] = stats.bytes_read;
-    j["bytes_written"] = plan.bytes_written();
-    j["seconds"] = secs;
-    j["gb_per_s"] = secs > 0 ? static_cast<double>(stats.bytes_read + plan.bytes_written()) / secs / 1e9 : 0;
-    j["peak_rss_bytes"] = peak;
-    j["lora_folds"] = stats.lora_folds;
-    j["crc_checked_records"] = stats.records_checked;
-    j["notes"] = plan.notes;
-    j["warnings"] = plan.warnings;
-    if (check) {
-      j["verified"] = check->diff.equal();
-      j["verify"] = check->summary();
+int write_merge(const std::function<PlannedMerge()>& make_plan, const ExecCliOptions& cli) {
+  const api::WriteOptions o = with_target(cli.write);
+  std::unique_ptr<Progress> progress;
+  api::MergeHooks hooks;
+  hooks.on_start = [&](const PlannedMerge& pm, const std::string& runner, uint64_t tensor_bytes) {
+    for (const auto& w : pm.plan.warnings) std::fprintf(stderr, "shardmerge: warning: %s\n", w.c_str());
+    if (!cli.json) {
+      std::printf("shardmerge: %s\n  source: %s\n  %s\n", pm.plan.layout.c_str(), pm.role_dir.c_str(), runner.c_str());
+      for (const auto& n : pm.plan.notes) std::printf("  note: %s\n", n.c_str());
+      std::fflush(stdout);
     }
+    if (tensor_bytes > 0)
+      progress = std::make_unique<Progress>("merging", tensor_bytes, !cli.json && Progress::stderr_is_tty());
+  };
+  hooks.on_written = [&progress](uint64_t n) { progress->add(n); };  // set whenever there are bytes to write
+  hooks.on_written_all = [&progress] {
+    if (progress) progress->finish();
+  };
+  hooks.on_verify_failed = [](const ReferenceCheck& check) {
+    std::printf("shardmerge: %s\n", check.summary().c_str());
+    for (const auto& l : check.diff.report(20)) std::printf("  %s\n", l.c_str());
+  };
+  const api::MergeOutcome out = api::merge(make_plan, o, hooks);
+  const nlohmann::ordered_json& j = out.summary;
+  if (j.is_null()) return 0;  // not rank 0 of a multi-process merge
+  if (cli.json) {
     std::cout << j.dump(2) << "\n";
-  } else {
+    return 0;
+  }
+  const MergePlan& plan = out.planned.plan;
+  const auto read = j["bytes_read"].get<uint64_t>(), written = j["bytes_written"].get<uint64_t>();
+  const double secs = j["seconds"].get<double>();
+  const double peak_mib = static_cast<double>(j["peak_rss_bytes"].get<uint64_t>()) / (1 << 20);
+  if (j.contains("processes"))
+    std::printf("shardmerge: %d processes merged %zu tensors into %s: %s read + %s written in %.2f s (%s "
+                "read+written), largest peak RSS %.1f MiB\n",
+                j["processes"].get<int>(), plan.tensors.size(), o.target.c_str(), format_bytes(read).c_str(),
+                format_bytes(written).c_str(), secs, format_rate(read + written, secs).c_str(), peak_mib);
+  else
     std::printf("shardmerge: merged %zu tensors into %s: %s read + %s written in %.2f s (%s read+written), peak RSS "
                 "%.1f MiB\n",
-                plan.tensors.size(), o.target.c_str(), format_bytes(stats.bytes_read).c_str(),
-                format_bytes(plan.bytes_written()).c_str(), secs,
-                format_rate(stats.bytes_read + plan.bytes_written(), secs).c_str(), static_cast<double>(peak) / (1 << 20));
-    if (o.verbose > 0) {
-      std::printf("shardmerge: phases: plan %.3f s, write %.3f s, fsync+rename %.3f s", plan_secs, write_secs, commit_secs);
-      if (o.verify) std::printf(", verify %.3f s", verify_secs);
-      std::printf("\n");
-      for (const auto& t : plan.tensors)
-        std::printf("  %-60s %-9s %-18s %s\n", t.name.c_str(), std::string(dtype_name(t.dtype)).c_str(),
-                    shape_string(t.shape).c_str(), plan.files[t.file].name.c_str());
-    }
-    if (check) {
-      std::printf("shardmerge: %s\n", check->summary().c_str());
-      for (const auto& l : check->diff.report(20)) std::printf("  %s\n", l.c_str());
-    }
+                plan.tensors.size(), o.target.c_str(), format_bytes(read).c_str(), format_bytes(written).c_str(), secs,
+                format_rate(read + written, secs).c_str(), peak_mib);
+  if (cli.verbose > 0 && !j.contains("processes")) {
+    std::printf("shardmerge: phases: plan %.3f s, write %.3f s, fsync+rename %.3f s", out.plan_seconds,
+                out.write_seconds, out.commit_seconds);
+    if (o.verify) std::printf(", verify %.3f s", out.verify_seconds);
+    std::printf("\n");
+    for (const auto& t : plan.tensors)
+      std::printf("  %-60s %-9s %-18s %s\n", t.name.c_str(), std::string(dtype_name(t.dtype)).c_str(),
+                  shape_string(t.shape).c_str(), plan.files[t.file].name.c_str());
+  }
+  if (out.check) {
+    std::printf("shardmerge: %s\n", out.check->summary().c_str());
+    if (!j.contains("processes"))
+      for (const auto& l : out.check->diff.report(20)) std::printf("  %s\n", l.c_str());
   }
   return 0;
 }
@@ -248,14 +146,13 @@ void add_plan(CLI::App& app, Runner& run) {
                   "(default: none: print the plan)");
   cmd->callback([&run, o, as_json, out] {
     run = [o, as_json, out] {
-      PlannedMerge pm = plan_merge(to_request(*o));
+      const PlannedMerge pm = api::plan(o->plan, *out);
       if (!out->empty()) {
-        write_plan_file(*out, pm.plan, planning_options_json(*o));
         for (const auto& w : pm.plan.warnings) std::fprintf(stderr, "shardmerge: warning: %s\n", w.c_str());
         std::fprintf(stderr, "shardmerge: wrote the plan (%zu tensors in %zu files, from %zu source files) to %s\n",
                      pm.plan.tensors.size(), pm.plan.files.size(), pm.plan.sources.size(), out->c_str());
       }
-      if (*as_json) std::cout << plan_to_json(pm.plan, planning_options_json(*o)).dump(2) << "\n";
+      if (*as_json) std::cout << api::plan_json(pm, o->plan).dump(2) << "\n";
       else if (out->empty()) print_plan_human(pm, o->verbose);
       return 0;
     };
@@ -285,13 +182,13 @@ void add_merge(CLI::App& app, Runner& run) {
         if (opt->count() > 0)
           throw CLI::ValidationError(opt->get_name(), "cannot be given with --plan: the planning options were fixed "
                                                       "when the plan was made (the plan file lists them)");
-    } else if (o->common.local_dir.empty()) {
+    } else if (o->common.plan.local_dir.empty()) {
       throw CLI::RequiredError("--local_dir");
     }
     o->exec.verbose = o->common.verbose;
     run = [o] {
-      if (!o->plan_file.empty()) return write_merge([o] { return planned_from_file(o->plan_file); }, o->exec);
-      return write_merge([o] { return plan_merge(to_request(o->common)); }, o->exec);
+      if (!o->plan_file.empty()) return write_merge([o] { return api::plan_from_file(o->plan_file); }, o->exec);
+      return write_merge([o] { return plan_merge(api::to_request(o->common.plan)); }, o->exec);
     };
   });
 }

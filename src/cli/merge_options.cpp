@@ -5,31 +5,32 @@
 
 namespace shardmerge::cli {
 
-void add_merge_options(CLI::App* cmd, MergeCliOptions& o) {
+void add_merge_options(CLI::App* cmd, MergeCliOptions& cli) {
+  api::MergeOptions& o = cli.plan;
   cmd->add_option("--local_dir,--local-dir", o.local_dir, "Role directory (e.g. global_step_N/actor), step root or run root")
       ->required();
-  cmd->add_option("--backend", o.backend, "Checkpoint backend")->check(CLI::IsMember({"auto", "fsdp", "megatron"}));
+  cmd->add_option("--backend", o.backend, "Checkpoint backend")->check(CLI::IsMember(api::kBackendChoices));
   cmd->add_option("--dtype", o.dtype,
                   "Output dtype of floating-point tensors: default (fp32 -> bf16 as verl does; fp16 and bf16 keep "
                   "theirs), bf16, fp16, fp32, auto (config.json), keep")
-      ->check(CLI::IsMember(kDTypeChoices));
+      ->check(CLI::IsMember(api::kDTypeChoices));
   cmd->add_option("--max-shard-size,--max_shard_size", o.max_shard_size, "Largest output shard, e.g. 5GB, 500MiB")
       ->check(byte_size_check());
   cmd->add_option("--lora", o.lora,
                   "LoRA adapters: fold (default: folded into W, no adapter), adapter (verl's layout: unfolded base + "
                   "lora_adapter/), both (folded model + unfolded/ holding verl's layout), drop")
-      ->check(CLI::IsMember({"fold", "adapter", "both", "drop"}));
+      ->check(CLI::IsMember(api::kLoraChoices));
   add_lora_alpha_options(cmd, o.lora_alpha, o.force_lora_alpha);
   cmd->add_flag("--tie-word-embedding,--tie_word_embedding", o.tie_word_embedding,
                 "Drop lm_head.weight as the embedding's alias even if config.json does not say tied");
   cmd->add_flag("--is-value-model,--is_value_model", o.is_value_model, "Value/reward model (Megatron: write score.weight)");
-  cmd->add_flag("--trust-remote-code,--trust_remote_code", o.trust_remote_code,
+  cmd->add_flag("--trust-remote-code,--trust_remote_code", cli.trust_remote_code,
                 "Accepted for verl compatibility (shardmerge never runs model code)");
   cmd->add_option("--hf_model_path,--hf-model-path", o.hf_model_path,
                   "HF directory to take config.json and tokenizer from when the checkpoint has none (or to override "
                   "it); default: the checkpoint's own huggingface/");
   cmd->add_option("--role", o.role, "Role to take from a run or step root");
-  cmd->add_flag("-v,--verbose", o.verbose,
+  cmd->add_flag("-v,--verbose", cli.verbose,
                 "More detail: merge prints its phase timings and every output tensor, verify every tensor it "
                 "compared, plan every source piece");
 }
@@ -38,21 +39,6 @@ void add_lora_alpha_options(CLI::App* cmd, double& alpha, bool& force) {
   cmd->add_option("--lora-alpha,--lora_alpha", alpha, "LoRA alpha to use when the checkpoint records none (or 0)");
   cmd->add_flag("--force-lora-alpha,--force_lora_alpha", force,
                 "Let --lora-alpha replace a different alpha the checkpoint records");
-}
-
-OutputOptions output_dtype_options(const std::string& dtype) {
-  OutputOptions out;
-  if (dtype == "default") {
-    out.dtype_policy = DTypePolicy::Default;
-  } else if (dtype == "auto") {
-    out.dtype_policy = DTypePolicy::Auto;
-  } else if (dtype == "keep") {
-    out.dtype_policy = DTypePolicy::Keep;
-  } else {
-    out.dtype_policy = DTypePolicy::Fixed;
-    out.dtype = *dtype_from_user(dtype);
-  }
-  return out;
 }
 
 void add_device_options(CLI::App* cmd, std::string& device, std::string& gpu_memory) {
@@ -76,46 +62,6 @@ CLI::Validator byte_size_check(bool allow_auto) {
         return {};
       },
       allow_auto ? "SIZE|auto" : "SIZE");
-}
-
-ChosenExecutor choose_executor(const std::string& device, const std::string& gpu_memory, const Workload& workload) {
-  uint64_t per_device = 0;
-  if (gpu_memory != "auto") {
-    per_device = parse_size(gpu_memory);
-    if (per_device == 0) throw usage_error("--gpu-memory must be positive (or auto)");
-  }
-  return choose_executor(parse_device(device), per_device, workload);
-}
-
-MergeRequest to_request(const MergeCliOptions& o) {
-  MergeRequest r;
-  r.local_dir = o.local_dir;
-  r.backend = o.backend;
-  r.role = o.role;
-  r.hf_model_path = o.hf_model_path;
-  r.output = output_dtype_options(o.dtype);
-  r.output.max_shard_size = parse_size(o.max_shard_size);
-  if (r.output.max_shard_size == 0) throw usage_error("--max-shard-size must be positive");
-  r.lora = *lora_mode_from_string(o.lora);
-  if (o.lora_alpha != 0) r.lora_alpha = o.lora_alpha;
-  r.force_lora_alpha = o.force_lora_alpha;
-  r.tie_word_embedding = o.tie_word_embedding;
-  r.is_value_model = o.is_value_model;
-  return r;
-}
-
-nlohmann::ordered_json planning_options_json(const MergeCliOptions& o) {
-  return {{"local_dir", o.local_dir},
-          {"backend", o.backend},
-          {"role", o.role},
-          {"dtype", o.dtype},
-          {"max_shard_size", o.max_shard_size},
-          {"lora", o.lora},
-          {"lora_alpha", o.lora_alpha},
-          {"force_lora_alpha", o.force_lora_alpha},
-          {"tie_word_embedding", o.tie_word_embedding},
-          {"is_value_model", o.is_value_model},
-          {"hf_model_path", o.hf_model_path}};
 }
 
 }  // namespace shardmerge::cli

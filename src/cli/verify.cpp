@@ -6,6 +6,7 @@
 #include <iostream>
 #include <memory>
 
+#include "api/verify.hpp"
 #include "cli/commands.hpp"
 #include "cli/merge_options.hpp"
 #include "formats/hf_index.hpp"
@@ -14,7 +15,6 @@
 #include "util/file.hpp"
 #include "util/units.hpp"
 #include "verify/compare.hpp"
-#include "verify/reference_verify.hpp"
 
 namespace shardmerge::cli {
 namespace {
@@ -26,18 +26,7 @@ using json = nlohmann::json;
 int print_result(const TreeDiff& d, const std::string& what, bool as_json, const std::string& what_was_compared = "",
                  int verbose = 0) {
   if (as_json) {
-    nlohmann::ordered_json j;
-    j["equal"] = d.equal();
-    if (!what_was_compared.empty()) j["compared"] = what_was_compared;
-    j["missing"] = d.missing;
-    j["unexpected"] = d.unexpected;
-    j["metadata_mismatch"] = d.mismatched_meta;
-    if (!what_was_compared.empty()) j["not_covered"] = d.not_covered;
-    if (what_was_compared.empty()) j["compared_as_fp32"] = d.compared_as_fp32;
-    auto& v = j["tensors"] = nlohmann::ordered_json::object();
-    for (const auto& [name, t] : d.values)
-      v[name] = {{"elements", t.elements}, {"mismatched", t.mismatched}, {"max_abs_error", t.max_abs_error}};
-    std::cout << j.dump(2) << "\n";
+    std::cout << api::tree_diff_json(d, what_was_compared).dump(2) << "\n";
   } else {
     if (verbose > 0)
       for (const auto& [name, t] : d.values) {
@@ -109,15 +98,15 @@ std::vector<std::string> differing_keys(const json& a, const json& b) {
 
 struct VerifyCli {
   MergeCliOptions common;
-  std::string test_dir;
-  double atol = 0;
+  api::VerifyOptions verify;
   bool json = false;
 };
 
-int run_verify(const VerifyCli& o) {
-  const PlannedMerge pm = plan_merge(to_request(o.common));
-  const ReferenceCheck check = verify_against_sources(pm, o.test_dir, o.atol);
-  return print_result(check.diff, pm.role_dir + " vs " + o.test_dir, o.json, check.summary(), o.common.verbose);
+int run_verify(VerifyCli o) {
+  o.verify.merge = o.common.plan;
+  const api::VerifyOutcome v = api::verify(o.verify);
+  return print_result(v.check.diff, v.role_dir + " vs " + o.verify.test_hf_dir, o.json, v.check.summary(),
+                      o.common.verbose);
 }
 
 }  // namespace
@@ -129,10 +118,10 @@ void add_verify(CLI::App& app, Runner& run) {
                                              : "Check that an HF directory equals the merge of a checkpoint (keys, shapes, dtypes, values)");
     auto o = std::make_shared<VerifyCli>();
     add_merge_options(cmd, o->common);
-    cmd->add_option("--test_hf_dir,--test-hf-dir", o->test_dir, "HF directory to check")
+    cmd->add_option("--test_hf_dir,--test-hf-dir", o->verify.test_hf_dir, "HF directory to check")
         ->required()
         ->check(CLI::ExistingDirectory);
-    cmd->add_option("--atol", o->atol, "Accept floating-point differences up to this (0: bitwise)")
+    cmd->add_option("--atol", o->verify.atol, "Accept floating-point differences up to this (0: bitwise)")
         ->check(CLI::NonNegativeNumber);
     cmd->add_flag("--json", o->json, "Print the result as JSON");
     cmd->callback([&run, o] { run = [o] { return run_verify(*o); }; });

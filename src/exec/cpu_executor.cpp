@@ -157,6 +157,7 @@ class CpuRun {
         const size_t i = next_.fetch_add(1);
         if (i >= tasks_.size()) break;
         const Task& t = tasks_[i];
+        throw_if_cancelled(opt_.cancel);
         try {
           switch (t.kind) {
             case Task::Kind::Run: run_task(t, read, conv); break;
@@ -249,6 +250,7 @@ class CpuRun {
                         : g.gather(f.a, Box{{0, 0}, {r, cols}}, all, DType::F32);
     }
     for (int64_t r0 = 0; r0 < rows; r0 += slab_rows) {
+      throw_if_cancelled(opt_.cancel);  // a fold task is a whole tensor: stop between its slabs
       const int64_t n = std::min(slab_rows, rows - r0);
       {
         auto scope = trace("gather", static_cast<uint64_t>(n * cols) * 4);

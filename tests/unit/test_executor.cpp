@@ -2,6 +2,7 @@
 // written exactly once, from the right source bytes, converted as planned, within the budget.
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
@@ -142,6 +143,36 @@ TEST_F(Executor, ConcatenatesAlongAnyDimAndCasts) {
     EXPECT_EQ(stats.bytes_written, p.bytes_written() - p.files[0].header.size());
     check_output(out, dtype);
   }
+}
+
+// The Python API's Ctrl-C: a cancel flag set mid-run stops the executor at its next task, the run
+// throws, and the writer, never committed, leaves neither the target nor its temp directory.
+TEST_F(Executor, CancelStopsAtTheNextTaskAndLeavesNoOutput) {
+  const MergePlan p = plan(DType::F32);
+  const std::string parent = dir / "cancelled";
+  const std::string out = parent + "/model";
+  std::atomic<bool> cancel{false};
+  std::atomic<uint64_t> written{0};
+  ExecOptions opt;
+  opt.threads = 1;
+  opt.cancel = &cancel;
+  opt.on_written = [&](uint64_t n) {
+    written += n;
+    cancel = true;  // after the first task's bytes
+  };
+  {
+    HfTreeWriter writer(out, false, "");
+    writer.create(p);
+    try {
+      make_cpu_executor()->run(p, writer, opt);
+      FAIL() << "a cancelled run returned";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.message(), "cancelled");
+    }
+  }
+  EXPECT_GT(written.load(), 0u);
+  EXPECT_LT(written.load(), p.bytes_written() - p.files[0].header.size());
+  EXPECT_FALSE(std::filesystem::exists(parent));  // the parent it created is gone too
 }
 
 TEST_F(Executor, VerifySinkFindsTheOneChangedByte) {

@@ -87,6 +87,7 @@ DeviceRunner::~DeviceRunner() {
 void DeviceRunner::run(const std::vector<Task>& tasks) {
   for (size_t i = 0; i < tasks.size();) {
     if (run_.failed()) break;
+    throw_if_cancelled(run_.options.cancel);
     const Task& t = tasks[i];
     size_t done = 1;
     try {

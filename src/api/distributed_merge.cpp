@@ -1,22 +1,16 @@
-// `shardmerge merge` launched as several processes (torchrun, mpirun): every process plans the
-// same merge, writes its share of the output files into one temp directory on a filesystem
-// they all see, and rank 0 renames the finished tree into place. Any process failing makes
-// every process stop at the next step, and rank 0 removes the temp directory.
+// The multi-process merge of api/distributed_merge.hpp.
+#include "api/distributed_merge.hpp"
+
 #include <chrono>
-#include <cstdio>
-#include <iostream>
 #include <nlohmann/json.hpp>
 
-#include "cli/merge_options.hpp"
 #include "exec/dist/partition.hpp"
-#include "exec/dist/process_group.hpp"
-#include "verify/reference_verify.hpp"
 #include "shardmerge/error.hpp"
 #include "util/rss.hpp"
-#include "util/units.hpp"
+#include "verify/reference_verify.hpp"
 #include "write/hf_tree_writer.hpp"
 
-namespace shardmerge::cli {
+namespace shardmerge::api {
 namespace {
 
 // Runs `step`, then exchanges its result (or its error) with every process.
@@ -35,11 +29,13 @@ std::vector<std::string> together(dist::ProcessGroup& group, Step step) {
 
 }  // namespace
 
-int write_merge_distributed(dist::ProcessGroup& group, const std::function<PlannedMerge()>& make_plan,
-                            const ExecCliOptions& o, Executor& executor, const ExecOptions& exec) {
+MergeOutcome merge_distributed(dist::ProcessGroup& group, const std::function<PlannedMerge()>& make_plan,
+                               const WriteOptions& o, const MergeHooks& hooks, Executor& executor,
+                               const ExecOptions& exec) {
   const auto start = std::chrono::steady_clock::now();
   const bool root = group.rank() == 0;
-  PlannedMerge pm;
+  MergeOutcome out;
+  PlannedMerge& pm = out.planned;
   const auto digests = together(group, [&] {
     pm = make_plan();
     return std::to_string(dist::plan_digest(pm.plan));
@@ -50,14 +46,10 @@ int write_merge_distributed(dist::ProcessGroup& group, const std::function<Plann
                   "checkpoint files?)");
   const MergePlan& plan = pm.plan;
   const dist::RankShare share = dist::share_of(plan, dist::assign_files(plan, group.size()), group.rank());
-  if (root)
-    for (const auto& w : plan.warnings) std::fprintf(stderr, "shardmerge: warning: %s\n", w.c_str());
-  if (root && !o.json) {
-    std::printf("shardmerge: %s\n  source: %s\n  %d processes share %zu output files\n", plan.layout.c_str(),
-                pm.role_dir.c_str(), group.size(), plan.files.size());
-    for (const auto& n : plan.notes) std::printf("  note: %s\n", n.c_str());
-    std::fflush(stdout);
-  }
+  if (root && hooks.on_start)
+    hooks.on_start(pm, std::to_string(group.size()) + " processes share " + std::to_string(plan.files.size()) +
+                           " output files",
+                   0);
 
   HfTreeWriter writer(o.target, o.force, pm.role_dir);
   for (const std::string& d : pm.other_source_dirs) writer.refuse_overlap(d);
@@ -80,22 +72,21 @@ int write_merge_distributed(dist::ProcessGroup& group, const std::function<Plann
   // tree, still in the temp dir, with the checkpoint assembled from its own metadata,
   // independently of the plan the processes shared; the others wait for its answer. An output
   // that fails is never committed.
-  std::optional<ReferenceCheck> check;
+  std::optional<ReferenceCheck>& check = out.check;
   const auto verdict = together(group, [&] {
     if (!root || !o.verify) return std::string();
     check = verify_against_sources(pm, temp);
     return std::string(check->diff.equal() ? "" : "differs");
   });
   if (o.verify && !verdict.at(0).empty()) {
-    if (root)
-      for (const auto& l : check->diff.report(20)) std::fprintf(stderr, "  %s\n", l.c_str());
+    if (root && hooks.on_verify_failed) hooks.on_verify_failed(*check);
     throw Error("verification failed: the merged output differs from the source; nothing was written to " + o.target);
   }
   together(group, [&] {
     if (root) writer.commit(plan);
     return std::string();
   });
-  if (!root) return 0;
+  if (!root) return out;
 
   uint64_t read = 0, peak = 0, folds = 0;
   for (const auto& s : all_stats) {
@@ -105,33 +96,23 @@ int write_merge_distributed(dist::ProcessGroup& group, const std::function<Plann
     folds += j["folds"].get<uint64_t>();
   }
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  if (o.json) {
-    nlohmann::ordered_json j;
-    j["source"] = pm.role_dir;
-    j["target"] = o.target;
-    j["processes"] = group.size();
-    j["tensors"] = plan.tensors.size();
-    j["files"] = plan.files.size();
-    j["bytes_read"] = read;
-    j["bytes_written"] = plan.bytes_written();
-    j["seconds"] = secs;
-    j["peak_rss_bytes"] = peak;
-    j["lora_folds"] = folds;
-    j["notes"] = plan.notes;
-    if (check) {
-      j["verified"] = true;
-      j["verify"] = check->summary();
-    }
-    std::cout << j.dump(2) << "\n";
-  } else {
-    std::printf("shardmerge: %d processes merged %zu tensors into %s: %s read + %s written in %.2f s (%s "
-                "read+written), largest peak RSS %.1f MiB\n",
-                group.size(), plan.tensors.size(), o.target.c_str(), format_bytes(read).c_str(),
-                format_bytes(plan.bytes_written()).c_str(), secs, format_rate(read + plan.bytes_written(), secs).c_str(),
-                static_cast<double>(peak) / (1 << 20));
-    if (check) std::printf("shardmerge: %s\n", check->summary().c_str());
+  nlohmann::ordered_json& j = out.summary;
+  j["source"] = pm.role_dir;
+  j["target"] = o.target;
+  j["processes"] = group.size();
+  j["tensors"] = plan.tensors.size();
+  j["files"] = plan.files.size();
+  j["bytes_read"] = read;
+  j["bytes_written"] = plan.bytes_written();
+  j["seconds"] = secs;
+  j["peak_rss_bytes"] = peak;
+  j["lora_folds"] = folds;
+  j["notes"] = plan.notes;
+  if (check) {
+    j["verified"] = true;
+    j["verify"] = check->summary();
   }
-  return 0;
+  return out;
 }
 
-}  // namespace shardmerge::cli
+}  // namespace shardmerge::api

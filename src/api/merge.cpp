@@ -1,0 +1,149 @@
+#include "api/merge.hpp"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <filesystem>
+
+#include "api/distributed_merge.hpp"
+#include "exec/dist/process_group.hpp"
+#include "plan/plan_file.hpp"
+#include "shardmerge/error.hpp"
+#include "shardmerge/executor.hpp"
+#include "shardmerge/trace.hpp"
+#include "util/rss.hpp"
+#include "util/units.hpp"
+#include "write/hf_tree_writer.hpp"
+
+namespace shardmerge::api {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+
+// The trace is written after the merge; a path that cannot take it must fail before any work.
+// Opening it is the only test that holds for every cause (missing dir, directory, read-only
+// filesystem, permissions, root); a file this creates is removed again.
+void check_profile_path(const std::string& path) {
+  std::error_code ec;
+  const bool existed = std::filesystem::exists(path, ec);
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC, 0644);
+  if (fd < 0) throw usage_error("--profile " + path + ": cannot write there: " + std::strerror(errno));
+  ::close(fd);
+  if (!existed) ::unlink(path.c_str());
+}
+
+// What the executor reports as written: tensor data, not headers.
+uint64_t tensor_bytes(const MergePlan& plan) {
+  uint64_t n = 0;
+  for (const auto& t : plan.tensors) n += t.nbytes;
+  return n;
+}
+
+}  // namespace
+
+PlannedMerge plan_from_file(const std::string& path) {
+  const std::optional<dist::LaunchInfo> launch = dist::launch_from_environment();
+  PlannedMerge pm;
+  pm.plan = read_plan_file(path);
+  confirm_sources_unchanged(pm.plan, path, launch ? launch->rank : -1);
+  pm.role_dir = pm.plan.source_dir;
+  return pm;
+}
+
+MergeOutcome merge(const std::function<PlannedMerge()>& make_plan, const WriteOptions& o, const MergeHooks& hooks) {
+  const auto start = Clock::now();
+  if (o.target.empty()) throw usage_error("--target_dir is required");
+  if (!o.profile.empty()) check_profile_path(o.profile);
+  Trace trace(!o.profile.empty());
+  const std::optional<dist::LaunchInfo> launch =
+      o.multi_process ? dist::launch_from_environment() : std::optional<dist::LaunchInfo>();
+  // Under a launcher, `--device cuda` means this process's own GPU, one process per GPU.
+  const std::string device = launch && o.device == "cuda" ? "cuda:" + std::to_string(launch->local_rank) : o.device;
+  parse_device(device);  // a misspelt --device fails before planning
+  ExecOptions exec;
+  exec.threads = o.threads;
+  exec.memory_limit = positive_size("--memory-limit", o.memory_limit);
+  exec.check_crc = !o.no_crc;
+  exec.trace = &trace;
+  exec.cancel = hooks.cancel;
+  if (launch) {
+    if (!o.profile.empty()) throw usage_error("--profile is not available in a multi-process merge");
+    // Each process plans later, inside the group: `auto` weighs the cores only.
+    ChosenExecutor chosen = choose_executor(device, o.gpu_memory, Workload{0, 0, o.threads});
+    dist::ProcessGroup group(*launch);
+    return merge_distributed(group, make_plan, o, hooks, *chosen.executor, exec);
+  }
+
+  exec.on_written = hooks.on_written;
+  MergeOutcome out;
+  const auto plan_start = Clock::now();
+  {
+    auto scope = trace.scope("plan");
+    out.planned = make_plan();
+  }
+  out.plan_seconds = seconds_since(plan_start);
+  const PlannedMerge& pm = out.planned;
+  const MergePlan& plan = pm.plan;
+  ChosenExecutor chosen = choose_executor(device, o.gpu_memory, workload_of(plan, o.threads));
+  throw_if_cancelled(hooks.cancel);
+  if (hooks.on_start) hooks.on_start(pm, "executor: " + chosen.description, tensor_bytes(plan));
+
+  HfTreeWriter writer(o.target, o.force, pm.role_dir);
+  for (const std::string& d : pm.other_source_dirs) writer.refuse_overlap(d);
+  writer.create(plan);
+  const auto write_start = Clock::now();
+  const ExecStats stats = chosen.executor->run(plan, writer, exec);
+  if (hooks.on_written_all) hooks.on_written_all();
+  out.write_seconds = seconds_since(write_start);
+
+  if (o.verify) {
+    // Every element against the checkpoint assembled from its own metadata (reads it again),
+    // before the commit: an output that fails verification never appears at the target.
+    throw_if_cancelled(hooks.cancel);
+    const auto verify_start = Clock::now();
+    auto scope = trace.scope("verify");
+    out.check = verify_against_sources(pm, writer.temp_dir());
+    out.verify_seconds = seconds_since(verify_start);
+  }
+  if (out.check && !out.check->diff.equal()) {
+    if (hooks.on_verify_failed) hooks.on_verify_failed(*out.check);
+    throw Error("verification failed: the merged output differs from the source; nothing was written to " + o.target);
+  }
+  throw_if_cancelled(hooks.cancel);
+  const auto commit_start = Clock::now();
+  {
+    auto scope = trace.scope("fsync");
+    writer.commit(plan);
+  }
+  out.commit_seconds = seconds_since(commit_start);
+  const double secs = seconds_since(start);
+  if (!o.profile.empty()) trace.write(o.profile);
+
+  nlohmann::ordered_json& j = out.summary;
+  j["source"] = pm.role_dir;
+  j["target"] = o.target;
+  j["layout"] = plan.layout;
+  j["executor"] = chosen.description;
+  j["tensors"] = plan.tensors.size();
+  j["files"] = plan.files.size();
+  j["bytes_read"] = stats.bytes_read;
+  j["bytes_written"] = plan.bytes_written();
+  j["seconds"] = secs;
+  j["gb_per_s"] = secs > 0 ? static_cast<double>(stats.bytes_read + plan.bytes_written()) / secs / 1e9 : 0;
+  j["peak_rss_bytes"] = peak_rss_bytes();
+  j["lora_folds"] = stats.lora_folds;
+  j["crc_checked_records"] = stats.records_checked;
+  j["notes"] = plan.notes;
+  j["warnings"] = plan.warnings;
+  if (out.check) {
+    j["verified"] = out.check->diff.equal();
+    j["verify"] = out.check->summary();
+  }
+  return out;
+}
+
+}  // namespace shardmerge::api
