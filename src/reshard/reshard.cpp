@@ -1,8 +1,12 @@
 #include "reshard/reshard.hpp"
 
 #include <algorithm>
+#include <atomic>
+#include <exception>
 #include <filesystem>
 #include <memory>
+#include <mutex>
+#include <thread>
 #include <nlohmann/json.hpp>
 
 #include "formats/zip.hpp"
@@ -16,12 +20,16 @@
 #include "util/fd_io.hpp"
 #include "util/file.hpp"
 #include "util/free_space.hpp"
+#include "util/rss.hpp"
+#include "util/units.hpp"
 #include "write/hf_tree_writer.hpp"
 
 namespace fs = std::filesystem;
 
 namespace shardmerge::reshard {
 namespace {
+
+constexpr uint64_t kCopyBuffer = 8u << 20;  // as the torch.save writer's chunk
 
 // The rank files `prefix`_world_size_W_rank_R.pt of every rank; empty when none is present,
 // an Error naming the first missing one when only some are.
@@ -52,10 +60,9 @@ bool is_rank_file(const std::string& name) {
 // its records are checked as they pass).
 uint64_t copy_through(const SourceReader& reader, uint32_t file, uint64_t size, const std::string& to) {
   File out = File::create(to);
-  constexpr uint64_t kChunk = 8u << 20;
-  std::unique_ptr<char[]> buf(new char[std::min<uint64_t>(kChunk, std::max<uint64_t>(size, 1))]);
+  std::unique_ptr<char[]> buf(new char[std::min<uint64_t>(kCopyBuffer, std::max<uint64_t>(size, 1))]);
   for (uint64_t done = 0; done < size;) {
-    const size_t n = static_cast<size_t>(std::min<uint64_t>(kChunk, size - done));
+    const size_t n = static_cast<size_t>(std::min<uint64_t>(kCopyBuffer, size - done));
     reader.read(file, done, buf.get(), n);
     out.write_exact(done, buf.get(), n);
     done += n;
@@ -105,6 +112,20 @@ ReshardSummary reshard_role(const ReshardOptions& o) {
     for (const ZipEntry& e : zip.entries()) reader.add_record(extra_files.back(), e, "(extra state)");
   }
   reader.start();
+  // What the writing holds beyond what is resident now: the copy buffer, one target pickle
+  // being built and its zip directory (about a source pickle's size, the largest kind's).
+  uint64_t pickle_bytes = 0;
+  for (const SourceKind& k : kinds) pickle_bytes = std::max(pickle_bytes, k.template_bytes);
+  // Each writing thread holds those; as many threads as the limit allows, up to --threads.
+  const uint64_t resident = current_rss_bytes(), per_worker = kCopyBuffer + 2 * pickle_bytes;
+  if (resident + per_worker > o.memory_limit)
+    throw Error("resharding needs about " + format_bytes(resident + per_worker) + " of memory (the checkpoint's pickles, " +
+                format_bytes(pickle_bytes) + " the largest, and an " + format_bytes(kCopyBuffer) +
+                " copy buffer) but --memory-limit is " + format_bytes(o.memory_limit))
+        .file(role_dir);
+  const unsigned wanted = o.threads ? o.threads : std::max(1u, std::thread::hardware_concurrency());
+  const auto workers = static_cast<unsigned>(std::min<uint64_t>(
+      {wanted, static_cast<uint64_t>(mesh.world_size()), (o.memory_limit - resident) / per_worker}));
 
   // Every other file of the role is copied: huggingface/, lora_train_meta.json, lora_adapter/, ...
   std::vector<fs::path> copies;
@@ -139,19 +160,42 @@ ReshardSummary reshard_role(const ReshardOptions& o) {
   require_free_space(needed, free_bytes(parent), parent);
   const fs::path temp(writer.temp_dir());
 
-  for (int64_t r = 0; r < mesh.world_size(); ++r) {
-    for (const SourceKind& k : kinds) {
-      summary.bytes_written +=
-          write_target_file(k, mesh, r, reader, (temp / layouts::rank_file_name(k.prefix, mesh.world_size(), r)).string());
-      ++summary.files_written;
-    }
+  // Target ranks are independent files, written by `workers` threads at once: most of the time
+  // goes to the kernel's copies into the page cache, which then run on every core.
+  const int64_t targets = mesh.world_size();
+  std::vector<uint64_t> rank_bytes(static_cast<size_t>(targets), 0);
+  auto write_rank = [&](int64_t r) {
+    uint64_t bytes = 0;
+    for (const SourceKind& k : kinds)
+      bytes += write_target_file(k, mesh, r, reader, (temp / layouts::rank_file_name(k.prefix, targets, r)).string());
     if (!extra.empty()) {
       const auto s = static_cast<size_t>(extra_state_source(r, world));
-      summary.bytes_written += copy_through(reader, extra_files[s], extra_sizes[s],
-                                            (temp / layouts::rank_file_name("extra_state", mesh.world_size(), r)).string());
-      ++summary.files_written;
+      bytes += copy_through(reader, extra_files[s], extra_sizes[s],
+                            (temp / layouts::rank_file_name("extra_state", targets, r)).string());
     }
-  }
+    rank_bytes[static_cast<size_t>(r)] = bytes;
+  };
+  std::atomic<int64_t> next{0};
+  std::atomic<bool> failed{false};
+  std::exception_ptr failure;
+  std::mutex failure_mutex;
+  std::vector<std::thread> pool;
+  for (unsigned i = 0; i < workers; ++i)
+    pool.emplace_back([&] {
+      for (int64_t r; !failed && (r = next.fetch_add(1)) < targets;) {
+        try {
+          write_rank(r);
+        } catch (...) {
+          std::lock_guard<std::mutex> lock(failure_mutex);
+          if (!failure) failure = std::current_exception();
+          failed = true;
+        }
+      }
+    });
+  for (std::thread& t : pool) t.join();
+  if (failure) std::rethrow_exception(failure);
+  for (uint64_t b : rank_bytes) summary.bytes_written += b;
+  summary.files_written += static_cast<int>(targets * static_cast<int64_t>(kinds.size() + (extra.empty() ? 0 : 1)));
   reader.finish();
   for (const fs::path& rel : copies) {
     fs::create_directories((temp / rel).parent_path());
@@ -159,7 +203,7 @@ ReshardSummary reshard_role(const ReshardOptions& o) {
     const File out = File::create((temp / rel).string());
     const uint64_t n = in.size();
     if (copy_file_bytes(in.fd(), 0, out.fd(), 0, n) != n) {
-      std::vector<char> buf(static_cast<size_t>(std::min<uint64_t>(n, 8u << 20)));
+      std::vector<char> buf(static_cast<size_t>(std::min<uint64_t>(n, kCopyBuffer)));
       for (uint64_t done = 0; done < n;) {
         const size_t k = static_cast<size_t>(std::min<uint64_t>(buf.size(), n - done));
         in.read_exact(done, buf.data(), k);
@@ -179,6 +223,7 @@ ReshardSummary reshard_role(const ReshardOptions& o) {
   }
   ++summary.files_written;
   writer.commit(no_tensors);
+  summary.peak_rss_bytes = peak_rss_bytes();
   return summary;
 }
 

@@ -18,6 +18,12 @@ struct ReshardOptions {
   std::string target_dir;
   bool force = false;      // replace a non-empty target
   bool check_crc = true;
+  // What the process may hold (resident memory), like merge's --memory-limit. Reshard streams
+  // through an 8 MiB buffer whatever the checkpoint's size; what grows with the model is the
+  // pickles it keeps (source rank 0's, one per kind) and builds (one target's), which are
+  // checked against this before anything is written.
+  uint64_t memory_limit = 512ull << 20;
+  unsigned threads = 0;  // target ranks written at once; 0: one per core (fewer where memory is short)
 };
 
 struct ReshardSummary {
@@ -29,6 +35,7 @@ struct ReshardSummary {
   uint64_t bytes_written = 0;
   bool optimizer = false;
   bool extra_state = false;
+  uint64_t peak_rss_bytes = 0;
   std::vector<std::string> notes;
 };
 

@@ -18,6 +18,7 @@ import os
 import shutil
 import socket
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -375,3 +376,25 @@ def test_reshard_synthetic_optimizer_state(reshard_available, shardmerge_gen_bin
                 assert torch.equal(torch.cat([x[k].to_local() for x in a]), torch.cat([x[k].to_local() for x in b])), k
             else:
                 assert all(torch.equal(x[k], a[0][k]) for x in b), k
+
+
+def test_reshard_stays_within_its_memory_limit(reshard_available, shardmerge_gen_bin, tmp_path):
+    """A checkpoint with optimizer state reshards within a 64 MiB limit (peak RSS measured here, by
+    wait4); a limit below what it needs is refused, in one line, before anything is written."""
+    r = subprocess.run([shardmerge_gen_bin, "--model", "tiny", "--world-size", "4", "--optimizer", "--out", str(tmp_path / "run")],
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    src = tmp_path / "run" / "global_step_1" / "actor"
+    # Measured by a small Python parent (its children's peak RSS): a child forked from this
+    # pytest, torch loaded, would start with this process's RSS as its high-water mark.
+    measure = ("import resource, subprocess, sys; rc = subprocess.run(sys.argv[1:]).returncode; "
+               "print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss); sys.exit(rc)")
+    r = subprocess.run([sys.executable, "-c", measure, reshard_available, "reshard", "--local_dir", str(src), "--world_size",
+                        "3", "--target_dir", str(tmp_path / "out"), "--memory-limit", "64MiB"], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert int(r.stdout.split()[-1]) * 1024 <= 64 << 20, r.stdout
+
+    r = _reshard(reshard_available, src, 3, tmp_path / "out2", "--memory-limit", "1MiB")
+    assert r.returncode == 1 and "--memory-limit is 1.05 MB" in r.stderr, r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert not (tmp_path / "out2").exists()
