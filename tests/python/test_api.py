@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
+from safetensors_dir import read_safetensors_dir
 
 shardmerge = pytest.importorskip("shardmerge")
 
@@ -34,22 +35,6 @@ def fixture(name):
 
 def role_dir(name):
     return fixture(name) / "global_step_3" / "actor"
-
-
-def read_safetensors_dir(d):
-    """{name: (dtype, shape, raw bytes)} over every .safetensors file in d, read with the format's
-    spec (8-byte little-endian header length, JSON header, data): the fresh venv has no torch."""
-    out = {}
-    for f in sorted(Path(d).glob("*.safetensors")):
-        blob = f.read_bytes()
-        n = struct.unpack("<Q", blob[:8])[0]
-        header = json.loads(blob[8:8 + n])
-        header.pop("__metadata__", None)
-        for name, h in header.items():
-            b, e = h["data_offsets"]
-            assert name not in out, name
-            out[name] = (h["dtype"], h["shape"], blob[8 + n + b:8 + n + e])
-    return out
 
 
 def cli_json(*args, exit_code=0):

@@ -5,13 +5,13 @@ fixtures' HuggingFace reference, which the C++ code did not write."""
 import json
 import os
 import shutil
-import struct
 import subprocess
 import sys
 from importlib import metadata
 from pathlib import Path
 
 import pytest
+from safetensors_dir import read_safetensors_dir
 
 shardmerge = pytest.importorskip("shardmerge")
 
@@ -56,22 +56,6 @@ def test_bad_data_exit_code(how, tmp_path):
     r = run(entry_points()[how] + ["inspect", str(bad)])
     assert r.returncode == 1
     assert r.stderr.startswith("shardmerge: error:") and "safetensors" in r.stderr
-
-
-def read_safetensors_dir(d):
-    """{name: (dtype, shape, raw bytes)} over every .safetensors file in d. Read with the format's
-    spec (8-byte little-endian header length, JSON header, data) so the fresh venv needs no torch."""
-    out = {}
-    for f in sorted(Path(d).glob("*.safetensors")):
-        blob = f.read_bytes()
-        n = struct.unpack("<Q", blob[:8])[0]
-        header = json.loads(blob[8:8 + n])
-        header.pop("__metadata__", None)
-        for name, h in header.items():
-            b, e = h["data_offsets"]
-            assert name not in out, name
-            out[name] = (h["dtype"], h["shape"], blob[8 + n + b:8 + n + e])
-    return out
 
 
 @pytest.mark.parametrize("how", ["console", "module"])
