@@ -10,10 +10,10 @@ and against verl's own merger.
   (d) python -m verl.model_merger merge   when --verl-python points at a Python with verl
 
 and prints each one's median time, the ratios (a)/(b), (a)/(c), (d)/(a) and every
-command's peak RSS (from wait4). For FSDP, (a) and (b) come from `shardmerge bench --keep --json`
-(which generates the checkpoint, alternates floors and merges, and keeps the checkpoint for
-(c) and (d)); for --megatron this script times them itself, alternating. With --lora-rank it also times folding LoRA into the base
-weights against merging the same checkpoint without folding.
+command's peak RSS (from wait4). (a) and (b) come from `shardmerge bench --json` (which alternates
+floors and merges; for FSDP it generates the checkpoint and keeps it, --keep, for (c) and (d); for
+--megatron it times the tree this script generated, --local_dir). With --lora-rank it also times
+folding LoRA into the base weights against merging the same checkpoint without folding.
 
 With --megatron the checkpoint is a verl Megatron v2 role directory instead (torch_dist tree of
 TP x PP ranks, layer-stacked keys, bf16; written by bench/synthetic_megatron.py), merged with
@@ -49,28 +49,6 @@ def run_measured(cmd, cwd=None, env=None):
     return elapsed, usage.ru_maxrss * 1024
 
 
-def io_floor(rank_files, out_bytes, scratch):
-    """cat every input byte to /dev/null, then write out_bytes with fsync: the least any merge must do."""
-    t_read, _ = run_measured(["cat", *map(str, rank_files)], env=None)
-    chunk = b"\0" * (16 << 20)
-    start = time.perf_counter()
-    with open(scratch, "wb") as f:
-        left = out_bytes
-        while left > 0:
-            n = min(left, len(chunk))
-            f.write(chunk[:n])
-            left -= n
-        f.flush()
-        os.fsync(f.fileno())
-    t_write = time.perf_counter() - start
-    os.unlink(scratch)
-    return t_read + t_write
-
-
-def tree_bytes(path):
-    return sum(p.stat().st_size for p in Path(path).rglob("*") if p.is_file())
-
-
 def fmt_bytes(n):
     for unit in ("B", "KB", "MB", "GB", "TB"):
         if n < 1000:
@@ -79,17 +57,21 @@ def fmt_bytes(n):
     return f"{n:.2f} PB"
 
 
-def shardmerge_bench(args, shardmerge, workdir, lora_rank=0):
-    """Runs `shardmerge bench --keep --json` (generating the checkpoint into workdir, or reusing the
-    one kept there); returns its JSON and the role dir."""
-    cmd = [shardmerge, "bench", "--model", args.model, "--world-size", str(args.world_size), "--workdir", str(workdir),
-           "--rounds", str(args.rounds), "--memory-limit", args.memory_limit, "--keep", "--json",
-           "--tokenizer-from", str(ROOT / "demo" / "global_step_3" / "actor" / "huggingface")]
+def shardmerge_bench(args, shardmerge, workdir, lora_rank=0, local_dir=None):
+    """Runs `shardmerge bench --json`: on local_dir when given, else generating the checkpoint into
+    workdir (or reusing the one kept there) with --keep; returns its JSON and the role dir."""
+    cmd = [shardmerge, "bench", "--workdir", str(workdir), "--rounds", str(args.rounds),
+           "--memory-limit", args.memory_limit, "--json"]
+    if local_dir:
+        cmd += ["--local_dir", str(local_dir), "--backend", "megatron"]
+    else:
+        cmd += ["--model", args.model, "--world-size", str(args.world_size), "--keep",
+                "--tokenizer-from", str(ROOT / "demo" / "global_step_3" / "actor" / "huggingface")]
     if lora_rank:
         cmd += ["--lora-rank", str(lora_rank)]
     print("running:", " ".join(cmd), flush=True)
     result = json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout)
-    return result, Path(result["kept"]) / "global_step_1" / "actor"
+    return result, Path(local_dir) if local_dir else Path(result["kept"]) / "global_step_1" / "actor"
 
 
 def ensure_megatron_checkpoint(args, workdir):
@@ -142,32 +124,15 @@ def main():
         os.sync()
 
     if args.megatron:
-        role = ensure_megatron_checkpoint(args, workdir)
+        bench, role = shardmerge_bench(args, shardmerge, workdir, local_dir=ensure_megatron_checkpoint(args, workdir))
         rank_files = sorted((role / "model" / "dist_ckpt").glob("*.distcp"))
-        in_bytes = sum(f.stat().st_size for f in rank_files)
-
-        def merge():
-            settle(out)
-            return run_measured([shardmerge, "merge", "--backend", "megatron", "--local_dir", role, "--target_dir", out,
-                                 "--memory-limit", args.memory_limit])
-
-        # Warm the page cache (the figures in the issue are warm-cache figures) and size the output.
-        subprocess.run(["cat", *map(str, rank_files)], stdout=subprocess.DEVNULL, check=True)
-        merge()
-        out_bytes = tree_bytes(out)
-        for _ in range(args.rounds):
-            t, m = merge()
-            results["shardmerge"].append(t)
-            rss["shardmerge"] = max(rss["shardmerge"], m)
-            settle(out)
-            results["io_floor"].append(io_floor(rank_files, out_bytes, workdir / "floor.bin"))
     else:
         bench, role = shardmerge_bench(args, shardmerge, workdir)
-        in_bytes, out_bytes = bench["bytes_in"], bench["bytes_out"]
-        results["shardmerge"] = [bench["merge_seconds"]]
-        results["io_floor"] = [bench["read_floor_seconds"] + bench["write_floor_seconds"]]
-        rss["shardmerge"] = bench["merge_peak_rss_bytes"]
         rank_files = sorted(role.glob("model_world_size_*_rank_*.pt"))
+    in_bytes, out_bytes = bench["bytes_in"], bench["bytes_out"]
+    results["shardmerge"] = [bench["merge_seconds"]]
+    results["io_floor"] = [bench["read_floor_seconds"] + bench["write_floor_seconds"]]
+    rss["shardmerge"] = bench["merge_peak_rss_bytes"]
 
     for rnd in range(args.rounds):
         copy = workdir / "copy"

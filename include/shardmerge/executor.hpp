@@ -58,6 +58,8 @@ struct ExecStats {
   uint64_t tasks = 0;
   uint64_t lora_folds = 0;
   uint64_t records_checked = 0;  // zip records whose CRC-32 was verified
+  unsigned threads = 0;           // worker threads (the CUDA executor: its I/O threads)
+  uint64_t peak_read_bytes_in_flight = 0;  // source reads issued and not yet returned, at most
 };
 
 class Executor {

@@ -137,6 +137,8 @@ MergeOutcome merge(const std::function<PlannedMerge()>& make_plan, const WriteOp
   j["peak_rss_bytes"] = peak_rss_bytes();
   j["lora_folds"] = stats.lora_folds;
   j["crc_checked_records"] = stats.records_checked;
+  j["threads"] = stats.threads;
+  j["peak_read_bytes_in_flight"] = stats.peak_read_bytes_in_flight;
   j["notes"] = plan.notes;
   j["warnings"] = plan.warnings;
   if (out.check) {

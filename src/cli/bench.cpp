@@ -1,5 +1,5 @@
-// `shardmerge bench`: merge throughput on a synthetic verl FSDP2 checkpoint of a real model shape,
-// beside the I/O floors measured in the same run (nccl-tests style: one table, ratios, no
+// `shardmerge bench`: merge throughput on a synthetic verl FSDP2 checkpoint of a real model shape
+// (or on an existing checkpoint, --local_dir), beside the I/O floors measured in the same run (nccl-tests style: one table, ratios, no
 // thresholds). The floors: reading every rank file (in parallel, as the merge does) and writing
 // the output's size with fsync (as the merge commits). The merge runs as a child `shardmerge
 // merge`, so its peak RSS is its own (wait4). --cold empties the page cache before every step and
@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "cli/commands.hpp"
+#include "pipeline/planner.hpp"
 #include "shardmerge/error.hpp"
 #include "synth/synthetic_fsdp.hpp"
 #include "util/file.hpp"
@@ -41,6 +42,8 @@ using Clock = std::chrono::steady_clock;
 
 struct BenchOptions {
   synth::SyntheticOptions checkpoint;
+  std::string local_dir;  // an existing checkpoint instead of a synthetic one (never written into)
+  std::string backend = "auto";
   std::string device = "cpu";
   std::string workdir;
   std::string memory_limit = "512MiB";
@@ -145,19 +148,23 @@ double concurrent_floor(const std::vector<fs::path>& files, const fs::path& writ
 struct MergeRun {
   double seconds = 0;
   uint64_t peak_rss = 0;
+  unsigned threads = 0;            // from the merge's --json summary
+  uint64_t reads_in_flight = 0;    // its peak_read_bytes_in_flight
 };
 
 // `shardmerge merge` of the checkpoint as a child process (this very binary).
-MergeRun run_merge(const BenchOptions& o, const std::string& role_dir, const fs::path& target) {
+// Its --json summary goes to `summary` (read back for the executor's threads and read depth).
+MergeRun run_merge(const BenchOptions& o, const std::string& role_dir, const fs::path& target, const fs::path& summary) {
   std::vector<std::string> args = {"shardmerge", "merge", "--local_dir", role_dir, "--target_dir", target.string(),
-                                   "--force", "--json", "--device", o.device, "--memory-limit", o.memory_limit};
+                                   "--force", "--json", "--device", o.device, "--memory-limit", o.memory_limit,
+                                   "--backend", o.backend};
   if (o.threads) args.insert(args.end(), {"--threads", std::to_string(o.threads)});
   std::vector<char*> argv;
   for (auto& a : args) argv.push_back(a.data());
   argv.push_back(nullptr);
   posix_spawn_file_actions_t actions;
   posix_spawn_file_actions_init(&actions);
-  posix_spawn_file_actions_addopen(&actions, STDOUT_FILENO, "/dev/null", O_WRONLY, 0);  // its --json summary
+  posix_spawn_file_actions_addopen(&actions, STDOUT_FILENO, summary.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
   const auto start = Clock::now();
   pid_t pid = 0;
   const int rc = posix_spawn(&pid, "/proc/self/exe", &actions, nullptr, argv.data(), environ);
@@ -170,23 +177,110 @@ MergeRun run_merge(const BenchOptions& o, const std::string& role_dir, const fs:
   MergeRun run{seconds_since(start), static_cast<uint64_t>(usage.ru_maxrss) * 1024};
   if (!WIFEXITED(status) || WEXITSTATUS(status) != 0)
     throw Error("the merge failed (its error is above)").file(role_dir);
+  try {
+    const auto j = nlohmann::json::parse(read_small_file(summary.string(), 1 << 20));
+    run.threads = j.at("threads").get<unsigned>();
+    run.reads_in_flight = j.at("peak_read_bytes_in_flight").get<uint64_t>();
+  } catch (const nlohmann::json::exception& e) {
+    throw Error(std::string("the merge's --json summary: ") + e.what()).file(summary.string());
+  }
   return run;
 }
 
-// The generated run root and the merge output go away with the benchmark, unless --keep.
+// What the benchmark wrote (the generated run root unless kept, the merge output, its summary
+// and the write floor's file) goes away with it, on success or failure.
 class Cleanup {
  public:
-  Cleanup(fs::path run_root, fs::path output, bool keep_run) : run_(std::move(run_root)), out_(std::move(output)), keep_(keep_run) {}
+  explicit Cleanup(std::vector<fs::path> paths) : paths_(std::move(paths)) {}
   ~Cleanup() {
     std::error_code ec;
-    fs::remove_all(out_, ec);
-    if (!keep_) fs::remove_all(run_, ec);
+    for (const fs::path& p : paths_)
+      if (!p.empty()) fs::remove_all(p, ec);
   }
 
  private:
-  fs::path run_, out_;
-  bool keep_;
+  std::vector<fs::path> paths_;
 };
+
+// The checkpoint a bench run times: its role dir and the files the merge reads.
+struct BenchCheckpoint {
+  std::string role_dir;
+  std::string tag;                 // names the output and the write floor's file in the workdir
+  std::vector<fs::path> inputs;
+  uint64_t bytes_in = 0;
+  fs::path remove_after;           // the generated run root, when not kept
+  bool reused = false;             // a kept synthetic checkpoint, or --local_dir
+  std::string kept;                // a synthetic run root left for later runs
+  double generate_seconds = 0;
+};
+
+// --local_dir: the files its merge plan reads (whole, for the floors), of any layout merge reads.
+BenchCheckpoint existing_checkpoint(const BenchOptions& o, const fs::path& workdir, bool print) {
+  MergeRequest request;
+  request.local_dir = o.local_dir;
+  request.backend = o.backend;
+  const PlannedMerge planned = plan_merge(request);
+  BenchCheckpoint c;
+  c.role_dir = planned.role_dir;
+  c.tag = "checkpoint";
+  c.reused = true;
+  for (const auto& s : planned.plan.sources) {
+    c.inputs.emplace_back(s.path);
+    c.bytes_in += s.size;
+  }
+  const uint64_t needed = planned.plan.bytes_written();
+  const std::optional<uint64_t> available = free_bytes(workdir.string());
+  if (print)
+    std::printf("# shardmerge bench: %s (%s), %zu source files; needs %s in %s (%s free)\n", planned.role_dir.c_str(),
+                planned.plan.layout.c_str(), c.inputs.size(), format_bytes(needed).c_str(), workdir.c_str(),
+                available ? format_bytes(*available).c_str() : "unknown");
+  require_free_space(needed, available, workdir.string());
+  return c;
+}
+
+// A synthetic FSDP2 checkpoint of the named shape, generated into the workdir (or the one kept there).
+BenchCheckpoint synthetic_checkpoint(const BenchOptions& o, const fs::path& workdir, bool print) {
+  const synth::SyntheticSize size = synth::estimate_synthetic(o.checkpoint);
+  BenchCheckpoint c;
+  c.tag = o.checkpoint.model + "-w" + std::to_string(o.checkpoint.world_size) +
+          (o.checkpoint.lora_rank ? "-lora" + std::to_string(o.checkpoint.lora_rank) : "") +
+          (o.checkpoint.dtype == "bfloat16" ? "-bf16" : "");
+  const fs::path run_root = workdir / ("shardmerge-bench-" + c.tag);
+  c.reused = fs::exists(run_root);
+  // The checkpoint, then the merge output beside it (removed before the write floor writes as much).
+  const uint64_t needed = (c.reused ? 0 : size.rank_file_bytes) + size.merged_bytes;
+  const std::optional<uint64_t> available = free_bytes(workdir.string());
+  if (print)
+    std::printf("# shardmerge bench: %s, world size %ld%s, %s; needs %s in %s (%s free)\n", o.checkpoint.model.c_str(),
+                static_cast<long>(o.checkpoint.world_size),
+                o.checkpoint.lora_rank ? (", LoRA r=" + std::to_string(o.checkpoint.lora_rank)).c_str() : "",
+                o.checkpoint.dtype.c_str(), format_bytes(needed).c_str(), workdir.c_str(),
+                available ? format_bytes(*available).c_str() : "unknown");
+  require_free_space(needed, available, workdir.string());
+  synth::SyntheticOptions gen = o.checkpoint;
+  gen.out_dir = run_root.string();
+  c.role_dir = (run_root / ("global_step_" + std::to_string(gen.step)) / "actor").string();
+  if (!c.reused) {
+    const auto t0 = Clock::now();
+    try {
+      c.role_dir = synth::write_synthetic_fsdp(gen).role_dir;
+    } catch (...) {  // a half-written checkpoint must not be reused by the next run
+      std::error_code ec;
+      fs::remove_all(run_root, ec);
+      throw;
+    }
+    c.generate_seconds = seconds_since(t0);
+    ::sync();  // the checkpoint's write-back must not land on the timed rounds
+  }
+  if (o.keep || c.reused) c.kept = run_root.string();
+  else c.remove_after = run_root;
+  for (const auto& e : fs::directory_iterator(c.role_dir))
+    if (e.is_regular_file() && e.path().extension() == ".pt") {
+      c.inputs.push_back(e.path());
+      c.bytes_in += e.file_size();
+    }
+  return c;
+}
 
 int run_bench(const BenchOptions& o) {
   if (o.list) {
@@ -194,59 +288,34 @@ int run_bench(const BenchOptions& o) {
     return 0;
   }
   if (o.rounds < 1) throw usage_error("--rounds must be at least 1");
-  const synth::SyntheticSize size = synth::estimate_synthetic(o.checkpoint);
   const fs::path workdir = o.workdir.empty() ? fs::temp_directory_path() : fs::path(o.workdir);
   fs::create_directories(workdir);
-  const std::string tag = o.checkpoint.model + "-w" + std::to_string(o.checkpoint.world_size) +
-                          (o.checkpoint.lora_rank ? "-lora" + std::to_string(o.checkpoint.lora_rank) : "") +
-                          (o.checkpoint.dtype == "bfloat16" ? "-bf16" : "");
-  const fs::path run_root = workdir / ("shardmerge-bench-" + tag), target = workdir / ("shardmerge-bench-" + tag + "-out");
-  const bool reuse = fs::exists(run_root);
-  // The checkpoint, then the merge output beside it (removed before the write floor writes as much).
-  const uint64_t needed = (reuse ? 0 : size.rank_file_bytes) + size.merged_bytes;
-  const std::optional<uint64_t> available = free_bytes(workdir.string());
-  if (!o.json)
-    std::printf("# shardmerge bench: %s, world size %ld%s, %s; needs %s in %s (%s free)\n", o.checkpoint.model.c_str(),
-                static_cast<long>(o.checkpoint.world_size),
-                o.checkpoint.lora_rank ? (", LoRA r=" + std::to_string(o.checkpoint.lora_rank)).c_str() : "",
-                o.checkpoint.dtype.c_str(), format_bytes(needed).c_str(), workdir.c_str(),
-                available ? format_bytes(*available).c_str() : "unknown");
-  require_free_space(needed, available, workdir.string());
-  Cleanup cleanup(run_root, target, o.keep || reuse);
-
-  synth::SyntheticOptions gen = o.checkpoint;
-  gen.out_dir = run_root.string();
-  std::string role_dir = (run_root / ("global_step_" + std::to_string(gen.step)) / "actor").string();
-  double generate_secs = 0;
-  if (!reuse) {
-    const auto t0 = Clock::now();
-    role_dir = synth::write_synthetic_fsdp(gen).role_dir;
-    generate_secs = seconds_since(t0);
-    ::sync();  // the checkpoint's write-back must not land on the timed rounds
-  }
-  std::vector<fs::path> inputs;
-  uint64_t bytes_in = 0;
-  for (const auto& e : fs::directory_iterator(role_dir))
-    if (e.is_regular_file() && e.path().extension() == ".pt") {
-      inputs.push_back(e.path());
-      bytes_in += e.file_size();
-    }
+  BenchCheckpoint c = o.local_dir.empty() ? synthetic_checkpoint(o, workdir, !o.json) : existing_checkpoint(o, workdir, !o.json);
+  const fs::path target = workdir / ("shardmerge-bench-" + c.tag + "-out");
+  const fs::path floor_file = workdir / ("shardmerge-bench-" + c.tag + ".write-floor");
+  const fs::path summary_file = workdir / ("shardmerge-bench-" + c.tag + ".merge.json");
+  Cleanup cleanup({c.remove_after, target, floor_file, summary_file});
+  const std::string& role_dir = c.role_dir;
+  const std::vector<fs::path>& inputs = c.inputs;
+  const uint64_t bytes_in = c.bytes_in;
 
   // Alternating rounds, so that a slow spell of the disk lands on every step alike. --cold empties
   // the page cache before each step and adds the concurrent floor; the merge goes first so that
   // the write floors know the output's size.
   std::vector<double> reads, writes, merges, concurrents;
-  uint64_t bytes_out = 0, peak_rss = 0;
-  const fs::path floor_file = workdir / ("shardmerge-bench-" + tag + ".write-floor");
+  uint64_t bytes_out = 0, peak_rss = 0, reads_in_flight = 0;
+  unsigned threads = 0;
   auto cold_step = [&] {
     if (o.cold) drop_page_cache();
   };
   for (int r = 0; r < o.rounds; ++r) {
     if (!o.cold) reads.push_back(read_floor(inputs));
     cold_step();
-    const MergeRun m = run_merge(o, role_dir, target);
+    const MergeRun m = run_merge(o, role_dir, target, summary_file);
     merges.push_back(m.seconds);
     peak_rss = std::max(peak_rss, m.peak_rss);
+    threads = m.threads;
+    reads_in_flight = std::max(reads_in_flight, m.reads_in_flight);
     bytes_out = tree_bytes(target);
     fs::remove_all(target);
     if (o.cold) {
@@ -266,15 +335,19 @@ int run_bench(const BenchOptions& o) {
 
   if (o.json) {
     nlohmann::ordered_json j;
-    j["model"] = o.checkpoint.model;
-    j["world_size"] = o.checkpoint.world_size;
-    j["lora_rank"] = o.checkpoint.lora_rank;
-    j["dtype"] = o.checkpoint.dtype;
+    if (o.local_dir.empty()) {
+      j["model"] = o.checkpoint.model;
+      j["world_size"] = o.checkpoint.world_size;
+      j["lora_rank"] = o.checkpoint.lora_rank;
+      j["dtype"] = o.checkpoint.dtype;
+    } else {
+      j["local_dir"] = o.local_dir;
+    }
     j["device"] = o.device;
     j["rounds"] = o.rounds;
     j["workdir"] = workdir.string();
-    j["reused_checkpoint"] = reuse;
-    j["generate_seconds"] = generate_secs;
+    j["reused_checkpoint"] = c.reused;
+    j["generate_seconds"] = c.generate_seconds;
     j["bytes_in"] = bytes_in;
     j["bytes_out"] = bytes_out;
     j["read_floor_seconds"] = read_s;
@@ -284,22 +357,25 @@ int run_bench(const BenchOptions& o) {
     j["merge_over_max_floor"] = ratio_max;
     j["merge_over_sum_floor"] = ratio_sum;
     j["merge_peak_rss_bytes"] = peak_rss;
+    j["merge_threads"] = threads;
+    j["merge_peak_read_bytes_in_flight"] = reads_in_flight;
     j["cold"] = o.cold;
     if (o.cold) {
       j["concurrent_floor_seconds"] = concurrent_s;
       j["merge_over_concurrent_floor"] = merge_s / concurrent_s;
     }
-    j["kept"] = o.keep || reuse ? nlohmann::ordered_json(run_root.string()) : nlohmann::ordered_json(nullptr);
+    j["kept"] = c.kept.empty() ? nlohmann::ordered_json(nullptr) : nlohmann::ordered_json(c.kept);
     std::cout << j.dump(2) << "\n";
     return 0;
   }
   char origin[64] = "reused the kept checkpoint";
-  if (!reuse) std::snprintf(origin, sizeof origin, "generated in %.1f s", generate_secs);
-  std::printf("# %s of rank files in, %s of safetensors out; %s; median of %d round(s), %s\n",
+  if (!o.local_dir.empty()) std::snprintf(origin, sizeof origin, "an existing checkpoint");
+  else if (!c.reused) std::snprintf(origin, sizeof origin, "generated in %.1f s", c.generate_seconds);
+  std::printf("# %s of source files in, %s of safetensors out; %s; median of %d round(s), %s\n",
               format_bytes(bytes_in).c_str(), format_bytes(bytes_out).c_str(), origin, o.rounds,
               o.cold ? "page cache emptied before each step" : "page cache warm");
   std::printf("#%-26s %10s %14s\n", "step", "seconds", "GB/s");
-  std::printf(" %-26s %10.3f %14.2f\n", "read floor (rank files)", read_s, static_cast<double>(bytes_in) / read_s / 1e9);
+  std::printf(" %-26s %10.3f %14.2f\n", "read floor (sources)", read_s, static_cast<double>(bytes_in) / read_s / 1e9);
   std::printf(" %-26s %10.3f %14.2f\n", "write floor (out + fsync)", write_s, static_cast<double>(bytes_out) / write_s / 1e9);
   std::printf(" %-26s %10.3f %14.2f  (in + out)\n", ("merge --device " + o.device).c_str(), merge_s,
               static_cast<double>(bytes_in + bytes_out) / merge_s / 1e9);
@@ -311,7 +387,8 @@ int run_bench(const BenchOptions& o) {
   std::printf("# merge / max(read, write) floor = %.3f\n", ratio_max);
   std::printf("# merge / (read + write) floor   = %.3f\n", ratio_sum);
   std::printf("# merge peak RSS                  = %.1f MiB\n", static_cast<double>(peak_rss) / (1 << 20));
-  if (o.keep || reuse) std::printf("# kept %s (delete it when done)\n", run_root.c_str());
+  std::printf("# merge reads in flight, at most = %s (%u threads)\n", format_bytes(reads_in_flight).c_str(), threads);
+  if (!c.kept.empty()) std::printf("# kept %s (delete it when done)\n", c.kept.c_str());
   return 0;
 }
 
@@ -319,8 +396,13 @@ int run_bench(const BenchOptions& o) {
 
 void add_bench(CLI::App& app, Runner& run) {
   auto* cmd = app.add_subcommand(
-      "bench", "Time a merge of a synthetic verl FSDP2 checkpoint of a real model shape against the I/O floors, same run");
+      "bench",
+      "Time a merge of a synthetic verl FSDP2 checkpoint of a real model shape (or of --local_dir) against the I/O "
+      "floors, same run");
   auto o = std::make_shared<BenchOptions>();
+  auto* local = cmd->add_option("--local_dir,--local-dir", o->local_dir,
+                  "Time this existing checkpoint (any layout merge reads) instead of generating one; never written into");
+  cmd->add_option("--backend", o->backend, "The merge's --backend (with --local_dir)")->check(CLI::IsMember({"auto", "fsdp", "megatron"}));
   cmd->add_option("--model", o->checkpoint.model, "Model shape (see --list)");
   cmd->add_option("--world-size,--world_size", o->checkpoint.world_size, "Rank files of the checkpoint")->check(CLI::Range(1, 4096));
   cmd->add_option("--lora-rank,--lora_rank", o->checkpoint.lora_rank, "Add LoRA of this rank on every linear layer (folded by the merge)")
@@ -340,6 +422,8 @@ void add_bench(CLI::App& app, Runner& run) {
                 "Empty the page cache before every step (needs root) and add the concurrent floor: reads and writes "
                 "started together");
   cmd->add_flag("--keep", o->keep, "Keep the generated checkpoint in --workdir (a later run reuses it)");
+  for (const char* synthetic_only : {"--model", "--world-size", "--lora-rank", "--dtype", "--tokenizer-from", "--keep", "--list"})
+    local->excludes(cmd->get_option(synthetic_only));
   cmd->callback([&run, o] { run = [o] { return run_bench(*o); }; });
 }
 

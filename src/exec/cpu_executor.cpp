@@ -124,6 +124,8 @@ class CpuRun {
     if (error_) std::rethrow_exception(error_);
     ExecStats stats;
     stats.records_checked = files_.finish();
+    stats.threads = static_cast<unsigned>(workers.size());
+    stats.peak_read_bytes_in_flight = files_.peak_read_bytes_in_flight();
     stats.bytes_read = bytes_read_.load();
     stats.bytes_written = bytes_written_.load();
     stats.tasks = tasks_.size();

@@ -12,6 +12,14 @@
 namespace shardmerge {
 
 void SourceFds::read(uint32_t file, uint64_t offset, void* buf, size_t n) const {
+  struct Counted {
+    ReadsInFlight* gauge;
+    uint64_t n;
+    ~Counted() {
+      if (gauge) gauge->end(n);
+    }
+  } counted{in_flight, n};
+  if (in_flight) in_flight->begin(n);
   pread_exact(fds[file], offset, buf, n, names[file]);
   if (checker) checker->consume(file, offset, buf, n);
 }
@@ -41,6 +49,7 @@ File decode(const SourceFile& s, const File& in) {
 OpenSources::OpenSources(const MergePlan& plan, const std::vector<uint32_t>& files, bool check_crc, int32_t rank) {
   for (uint32_t i : files) check_owner(plan.sources.at(i), rank);
   fds_.fds.assign(plan.sources.size(), -1);
+  fds_.in_flight = in_flight_.get();
   for (const SourceFile& s : plan.sources) fds_.names.push_back(s.path);
   std::vector<bool> opened(plan.sources.size(), false);
   std::map<std::string, size_t> by_path;  // into files_: one descriptor per file, however many items it holds

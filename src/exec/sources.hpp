@@ -6,6 +6,8 @@
 // temp file that its reads (and its records, which address decoded bytes) then go to.
 #pragma once
 
+#include <atomic>
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
@@ -16,10 +18,28 @@
 
 namespace shardmerge {
 
+// Bytes of source reads issued and not yet returned, and the most there ever were: how deep the
+// executors keep the disk's queue (`merge --json` reports the peak; `shardmerge bench` prints it).
+class ReadsInFlight {
+ public:
+  void begin(uint64_t n) {
+    const uint64_t now = now_.fetch_add(n, std::memory_order_relaxed) + n;
+    uint64_t peak = peak_.load(std::memory_order_relaxed);
+    while (now > peak && !peak_.compare_exchange_weak(peak, now, std::memory_order_relaxed)) {
+    }
+  }
+  void end(uint64_t n) { now_.fetch_sub(n, std::memory_order_relaxed); }
+  uint64_t peak() const { return peak_.load(std::memory_order_relaxed); }
+
+ private:
+  std::atomic<uint64_t> now_{0}, peak_{0};
+};
+
 struct SourceFds {
   std::vector<int> fds;             // by MergePlan::sources index; -1 for a source not opened
   std::vector<std::string> names;   // every source's path
   RecordChecker* checker = nullptr;  // null with --no-crc (or a plan without zip records)
+  ReadsInFlight* in_flight = nullptr;  // counted when set
 
   // pread of exactly n bytes, checked (the CRC-32 of the records they fall in) when a checker is on.
   void read(uint32_t file, uint64_t offset, void* buf, size_t n) const;
@@ -39,6 +59,8 @@ class OpenSources {
   // refuses an opened source whose stamp changed since it was opened (a compressed source's
   // file itself, not its decoded copy). Returns the records checked.
   uint64_t finish();
+  // The most bytes of reads through fds() in flight at once.
+  uint64_t peak_read_bytes_in_flight() const { return in_flight_->peak(); }
 
  private:
   std::vector<uint32_t> opened_index_;  // into MergePlan::sources, a source of each of files_
@@ -46,6 +68,7 @@ class OpenSources {
   std::vector<FileStamp> opened_;
   std::vector<File> decoded_;  // unnamed temp files holding compressed sources, decoded
   std::unique_ptr<RecordChecker> checker_;
+  std::unique_ptr<ReadsInFlight> in_flight_ = std::make_unique<ReadsInFlight>();
   SourceFds fds_;
 };
 

@@ -28,6 +28,9 @@ def test_bench_reports_floors_merge_and_ratios_and_leaves_nothing(run, tmp_path)
                                                                              r["write_floor_seconds"]))
     assert r["merge_bytes_per_second"] == pytest.approx((r["bytes_in"] + r["bytes_out"]) / r["merge_seconds"])
     assert 0 < r["merge_peak_rss_bytes"] < 512 << 20
+    # Reads in flight: some, and no more than every thread holding one piece (32 MiB at most).
+    assert r["merge_threads"] >= 1
+    assert 0 < r["merge_peak_read_bytes_in_flight"] <= r["merge_threads"] * (32 << 20)
     assert list(work.iterdir()) == [], "bench must remove what it generated"
 
 
@@ -47,6 +50,14 @@ def test_kept_checkpoint_is_what_was_measured_and_is_reused(run, tmp_path):
     again = json.loads(bench(run, work, "--world-size", "2", "--lora-rank", "4", "--json").stdout)
     assert again["reused_checkpoint"] is True and again["bytes_in"] == first["bytes_in"]
     assert kept.exists(), "a reused checkpoint stays"
+
+    # --local_dir times an existing checkpoint: the same files read, nothing written into it.
+    before = {f: f.stat().st_mtime_ns for f in kept.rglob("*")}
+    local = json.loads(run("bench", "--local_dir", role, "--workdir", tmp_path / "work2", "--json").stdout)
+    assert local["local_dir"] == str(role) and local["kept"] is None
+    assert local["bytes_in"] == first["bytes_in"] and local["bytes_out"] == first["bytes_out"]
+    assert {f: f.stat().st_mtime_ns for f in kept.rglob("*")} == before
+    assert list((tmp_path / "work2").iterdir()) == []
     shutil.rmtree(kept)
 
 

@@ -102,6 +102,8 @@ class CudaExecutor : public Executor {
 
     ExecStats stats;
     stats.records_checked = sources.finish();
+    stats.threads = io.size();
+    stats.peak_read_bytes_in_flight = sources.peak_read_bytes_in_flight();
     stats.bytes_read = shared.bytes_read.load();
     stats.bytes_written = shared.bytes_written.load();
     stats.tasks = tasks.size();
