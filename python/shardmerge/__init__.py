@@ -3,7 +3,7 @@
 The wheel bundles the C++ command-line program built by the project's CMake build; the
 `shardmerge` console command and `python -m shardmerge` run that same binary, so their flags,
 output and exit codes are the CLI's own. The same operations are also functions here (inspect,
-plan, merge, verify: see shardmerge._api), run in this process by the compiled module _core.
+plan, merge, fold_lora, merge_plan, verify: see shardmerge._api), run in this process by the compiled module _core.
 """
 from __future__ import annotations
 
@@ -12,9 +12,9 @@ import sys
 from importlib import metadata
 from pathlib import Path
 
-from shardmerge._api import Error, inspect, merge, plan, verify
+from shardmerge._api import Error, fold_lora, inspect, merge, merge_plan, plan, verify
 
-__all__ = ["Error", "binary", "inspect", "main", "merge", "plan", "verify", "__version__"]
+__all__ = ["Error", "binary", "fold_lora", "inspect", "main", "merge", "merge_plan", "plan", "verify", "__version__"]
 
 try:
     __version__ = metadata.version("shardmerge")

@@ -57,6 +57,37 @@ def merge(
     distributed: bool = False,
     progress: Optional[Callable[[int, int], Any]] = None,
 ) -> Optional[dict[str, Any]]: ...
+def fold_lora(
+    base: _Path,
+    adapter: _Path,
+    target_dir: _Path,
+    *,
+    dtype: str = "auto",
+    max_shard_size: _Size = "5GB",
+    lora_alpha: Optional[float] = None,
+    force_lora_alpha: bool = False,
+    threads: Optional[int] = None,
+    memory_limit: _Size = "512MiB",
+    device: str = "cpu",
+    gpu_memory: _Size = "auto",
+    verify: bool = False,
+    force: bool = False,
+    check_crc: bool = True,
+    progress: Optional[Callable[[int, int], Any]] = None,
+) -> dict[str, Any]: ...
+def merge_plan(
+    plan_file: _Path,
+    target_dir: _Path,
+    *,
+    threads: Optional[int] = None,
+    memory_limit: _Size = "512MiB",
+    device: str = "cpu",
+    gpu_memory: _Size = "auto",
+    verify: bool = False,
+    force: bool = False,
+    check_crc: bool = True,
+    progress: Optional[Callable[[int, int], Any]] = None,
+) -> dict[str, Any]: ...
 def verify(
     local_dir: _Path,
     test_hf_dir: _Path,

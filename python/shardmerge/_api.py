@@ -1,4 +1,5 @@
-"""The Python API: shardmerge.inspect, plan, merge and verify, on the compiled module _core.
+"""The Python API: shardmerge.inspect, plan, merge, fold_lora, merge_plan and verify, on the
+compiled module _core.
 
 Each returns what the CLI's --json prints for the same operation, as a dict. Errors in the data
 raise shardmerge.Error (a RuntimeError) with .file, .tensor and .offset; bad options raise
@@ -16,7 +17,7 @@ from typing import Any, Callable, Optional, Union
 from shardmerge import _core
 from shardmerge._core import Error
 
-__all__ = ["Error", "inspect", "plan", "merge", "verify"]
+__all__ = ["Error", "inspect", "plan", "merge", "fold_lora", "merge_plan", "verify"]
 
 PathLike = Union[str, "os.PathLike[str]"]
 # How long the waiting thread sleeps between looks: Ctrl-C is noticed within this, and the
@@ -87,6 +88,52 @@ def merge(local_dir: PathLike, target_dir: PathLike, *, backend: str = "auto", d
     WORLD_SIZE in the environment), each calling merge() with the same arguments; they share the
     work, rank 0 returns the summary and the others None (no progress is reported). Off, the
     launcher's variables are ignored and this process merges alone."""
+    job = _core.MergeJob.merge(_merge_options(local_dir, backend, dtype, max_shard_size, lora, lora_alpha,
+                                              force_lora_alpha, tie_word_embedding, is_value_model, role,
+                                              hf_model_path),
+                               _write_options(target_dir, threads, memory_limit, device, gpu_memory, verify, force,
+                                              check_crc, distributed))
+    return _wait(job, progress)
+
+
+def fold_lora(base: PathLike, adapter: PathLike, target_dir: PathLike, *, dtype: str = "auto",
+              max_shard_size: Union[str, int] = "5GB", lora_alpha: Optional[float] = None,
+              force_lora_alpha: bool = False, threads: Optional[int] = None, memory_limit: Union[str, int] = "512MiB",
+              device: str = "cpu", gpu_memory: Union[str, int] = "auto", verify: bool = False, force: bool = False,
+              check_crc: bool = True, progress: Optional[Callable[[int, int], Any]] = None) -> dict[str, Any]:
+    """Fold the PEFT LoRA adapter at `adapter` into the HF model at `base` (W + scale * B @ A),
+    writing the HF directory `target_dir` atomically; returns the summary `shardmerge fold-lora
+    --json` prints. dtype "auto": the base's config.json torch_dtype. progress, Ctrl-C: as merge()."""
+    f = _core.FoldLoraOptions()
+    f.base = os.fspath(base)
+    f.adapter = os.fspath(adapter)
+    f.dtype = dtype
+    f.max_shard_size = _size("max_shard_size", max_shard_size)
+    if lora_alpha is not None:
+        if not lora_alpha > 0:
+            raise ValueError(f"lora_alpha must be positive, got {lora_alpha!r}")
+        f.lora_alpha = float(lora_alpha)
+    f.force_lora_alpha = force_lora_alpha
+    job = _core.MergeJob.fold_lora(f, _write_options(target_dir, threads, memory_limit, device, gpu_memory, verify,
+                                                     force, check_crc, False))
+    return _wait(job, progress)
+
+
+def merge_plan(plan_file: PathLike, target_dir: PathLike, *, threads: Optional[int] = None,
+               memory_limit: Union[str, int] = "512MiB", device: str = "cpu", gpu_memory: Union[str, int] = "auto",
+               verify: bool = False, force: bool = False, check_crc: bool = True,
+               progress: Optional[Callable[[int, int], Any]] = None) -> dict[str, Any]:
+    """Run a plan file written by plan(..., out=...) or `shardmerge plan --out` (`shardmerge merge
+    --plan FILE`): refused if a source it reads changed since the plan was made. progress, Ctrl-C:
+    as merge()."""
+    job = _core.MergeJob.plan_file(os.fspath(plan_file), _write_options(target_dir, threads, memory_limit, device,
+                                                                        gpu_memory, verify, force, check_crc, False))
+    return _wait(job, progress)
+
+
+def _write_options(target_dir: PathLike, threads: Optional[int], memory_limit: Union[str, int], device: str,
+                   gpu_memory: Union[str, int], verify: bool, force: bool, check_crc: bool,
+                   distributed: bool) -> _core.WriteOptions:
     if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 0):
         raise ValueError(f"threads must be a non-negative int or None, got {threads!r}")
     if not os.fspath(target_dir):
@@ -101,9 +148,12 @@ def merge(local_dir: PathLike, target_dir: PathLike, *, backend: str = "auto", d
     w.force = force
     w.no_crc = not check_crc
     w.multi_process = distributed
-    job = _core.MergeJob(_merge_options(local_dir, backend, dtype, max_shard_size, lora, lora_alpha,
-                                        force_lora_alpha, tie_word_embedding, is_value_model, role,
-                                        hf_model_path), w)
+    return w
+
+
+def _wait(job: _core.MergeJob, progress: Optional[Callable[[int, int], Any]]) -> Optional[dict[str, Any]]:
+    """Waits for `job` in slices, calling progress between them; any exception raised here
+    (KeyboardInterrupt, or from progress) cancels the job and is re-raised once it has unwound."""
     try:
         last = 0.0
         while not job.wait(_SLICE_S):

@@ -66,6 +66,18 @@ MergeRequest to_request(const MergeOptions& o) {
   return r;
 }
 
+FoldLoraRequest to_request(const FoldLoraOptions& o) {
+  if (o.base.empty() || o.adapter.empty()) throw usage_error("--base and --adapter are required");
+  FoldLoraRequest r;
+  r.base_dir = o.base;
+  r.adapter_dir = o.adapter;
+  r.output = output_dtype_options(o.dtype);
+  r.output.max_shard_size = positive_size("--max-shard-size", o.max_shard_size);
+  if (o.lora_alpha != 0) r.lora_alpha = o.lora_alpha;
+  r.force_lora_alpha = o.force_lora_alpha;
+  return r;
+}
+
 nlohmann::ordered_json planning_options_json(const MergeOptions& o) {
   return {{"local_dir", o.local_dir},
           {"backend", o.backend},

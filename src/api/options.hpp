@@ -38,6 +38,17 @@ MergeRequest to_request(const MergeOptions& o);
 // The planning options as given, for the reader of a plan file.
 nlohmann::ordered_json planning_options_json(const MergeOptions& o);
 
+// What decides a fold-lora plan: a PEFT adapter folded into an HF model.
+struct FoldLoraOptions {
+  std::string base;
+  std::string adapter;
+  std::string dtype = "auto";  // config.json's torch_dtype
+  std::string max_shard_size = "5GB";
+  double lora_alpha = 0;  // 0: the adapter's
+  bool force_lora_alpha = false;
+};
+FoldLoraRequest to_request(const FoldLoraOptions& o);
+
 // How a plan is carried out and written (`merge`, `fold-lora`).
 struct WriteOptions {
   std::string target;  // empty: verl's default, kDefaultTarget, said on stderr

@@ -15,6 +15,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <exception>
+#include <functional>
 #include <mutex>
 #include <new>
 #include <thread>
@@ -65,11 +66,12 @@ void translate_error(const std::exception_ptr& p, void*) {
   PyErr_SetObject(error_type, err.ptr());
 }
 
-// One merge on its own thread. Members the thread uses are declared before thread_, which starts it.
+// One merge (or fold-lora, or plan file run) on its own thread: `make_plan` runs there too.
+// Members the thread uses are declared before thread_, which starts it.
 class MergeJob {
  public:
-  MergeJob(api::MergeOptions merge, api::WriteOptions write)
-      : merge_(std::move(merge)), write_(std::move(write)), thread_([this] { body(); }) {}
+  MergeJob(std::function<PlannedMerge()> make_plan, api::WriteOptions write)
+      : make_plan_(std::move(make_plan)), write_(std::move(write)), thread_([this] { body(); }) {}
   MergeJob(const MergeJob&) = delete;
   MergeJob& operator=(const MergeJob&) = delete;
   // _api.py always joins; this is for a job dropped without (the merge is abandoned, not finished).
@@ -107,7 +109,7 @@ class MergeJob {
     hooks.on_start = [this](const PlannedMerge&, const std::string&, uint64_t total) { total_ = total; };
     hooks.on_written = [this](uint64_t n) { done_.fetch_add(n, std::memory_order_relaxed); };
     try {
-      summary_ = api::merge([this] { return plan_merge(api::to_request(merge_)); }, write_, hooks).summary.dump();
+      summary_ = api::merge(make_plan_, write_, hooks).summary.dump();
     } catch (...) {
       error_ = std::current_exception();
     }
@@ -118,7 +120,7 @@ class MergeJob {
     ended_cv_.notify_all();
   }
 
-  const api::MergeOptions merge_;
+  const std::function<PlannedMerge()> make_plan_;
   const api::WriteOptions write_;
   std::atomic<bool> cancel_{false};
   std::atomic<uint64_t> done_{0}, total_{0};
@@ -170,8 +172,32 @@ NB_MODULE(_core, m) {
       .def_rw("no_crc", &api::WriteOptions::no_crc)
       .def_rw("multi_process", &api::WriteOptions::multi_process);
 
+  nb::class_<api::FoldLoraOptions>(m, "FoldLoraOptions")
+      .def(nb::init<>())
+      .def_rw("base", &api::FoldLoraOptions::base)
+      .def_rw("adapter", &api::FoldLoraOptions::adapter)
+      .def_rw("dtype", &api::FoldLoraOptions::dtype)
+      .def_rw("max_shard_size", &api::FoldLoraOptions::max_shard_size)
+      .def_rw("lora_alpha", &api::FoldLoraOptions::lora_alpha)
+      .def_rw("force_lora_alpha", &api::FoldLoraOptions::force_lora_alpha);
+
+  // The jobs start at once; what they plan from is checked on their thread (errors come from result()).
   nb::class_<MergeJob>(m, "MergeJob")
-      .def(nb::init<api::MergeOptions, api::WriteOptions>(), "merge"_a, "write"_a)
+      .def_static(
+          "merge", [](const api::MergeOptions& o, const api::WriteOptions& w) {
+            return new MergeJob([o] { return plan_merge(api::to_request(o)); }, w);
+          },
+          "merge"_a, "write"_a, nb::rv_policy::take_ownership)
+      .def_static(
+          "fold_lora", [](const api::FoldLoraOptions& o, const api::WriteOptions& w) {
+            return new MergeJob([o] { return plan_fold_lora(api::to_request(o)); }, w);
+          },
+          "fold"_a, "write"_a, nb::rv_policy::take_ownership)
+      .def_static(
+          "plan_file", [](const std::string& path, const api::WriteOptions& w) {
+            return new MergeJob([path] { return api::plan_from_file(path); }, w);
+          },
+          "path"_a, "write"_a, nb::rv_policy::take_ownership)
       .def("wait", &MergeJob::wait, "seconds"_a)
       .def("progress", &MergeJob::progress)
       .def("cancel", &MergeJob::cancel)

@@ -6,9 +6,10 @@ from pathlib import Path
 
 
 def read_safetensors_dir(d):
-    """{name: (dtype, shape, raw bytes)} over every .safetensors file in d."""
+    """{name: (dtype, shape, raw bytes)} over every .safetensors file in d (or of the file d)."""
     out = {}
-    for f in sorted(Path(d).glob("*.safetensors")):
+    d = Path(d)
+    for f in [d] if d.is_file() else sorted(d.glob("*.safetensors")):
         blob = f.read_bytes()
         n = struct.unpack("<Q", blob[:8])[0]
         header = json.loads(blob[8:8 + n])

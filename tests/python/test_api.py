@@ -1,8 +1,9 @@
-"""shardmerge's Python API (inspect, plan, merge, verify) from the installed wheel: run by
-scripts/test_wheel.sh in a fresh venv, never against the build tree. Merged tensors are compared
-with verl's own merger's output on the same checkpoint (the fixtures' verl_ref, written by
-tests/fixtures/generate.py), read with the safetensors format's spec; the CLI's --json output of
-the same operation is compared only to show the two entry points agree."""
+"""shardmerge's Python API (inspect, plan, merge, merge_plan, fold_lora, verify) from the installed
+wheel: run by scripts/test_wheel.sh in a fresh venv, never against the build tree. Merged tensors
+are compared with verl's own merger's output on the same checkpoint (the fixtures' verl_ref,
+written by tests/fixtures/generate.py), folded ones with PEFT's merge_and_unload() (merged_ref_bf16),
+read with the safetensors format's spec; the CLI's --json output of the same operation is compared
+only to show the two entry points agree."""
 import json
 import os
 import shutil
@@ -105,11 +106,59 @@ def test_plan_lists_verls_tensors(tmp_path):
         assert planned[name]["shape"] == shape, name
         assert st_dtype[planned[name]["dtype"]] == dtype, name
         assert planned[name]["nbytes"] == len(data), name
-    # The plan file written is the plan returned, and `merge --plan` runs it.
+    # The plan file written is the plan returned, and `merge --plan` and merge_plan() run it.
     assert json.loads((tmp_path / "plan.json").read_text()) == p
     out = tmp_path / "out"
     cli_json("merge", "--plan", tmp_path / "plan.json", "--target_dir", out)
     assert read_safetensors_dir(out) == ref
+    calls = []
+    summary = shardmerge.merge_plan(tmp_path / "plan.json", tmp_path / "api", progress=lambda d, t: calls.append((d, t)))
+    assert read_safetensors_dir(tmp_path / "api") == ref
+    assert summary["tensors"] == len(ref) and calls and calls[-1][0] == calls[-1][1]
+
+
+def test_merge_plan_refuses_a_changed_source(tmp_path):
+    src = tmp_path / "src"
+    shutil.copytree(fixture("qwen2_fsdp2_w2"), src)
+    role = src / "global_step_3" / "actor"
+    shardmerge.plan(role, out=tmp_path / "plan.json")
+    rank1 = role / "model_world_size_2_rank_1.pt"
+    rank1.write_bytes(rank1.read_bytes())  # same bytes, a new mtime: not the file the plan describes
+    os.utime(rank1, ns=(1, 1))
+    with pytest.raises(shardmerge.Error) as e:
+        shardmerge.merge_plan(tmp_path / "plan.json", tmp_path / "out")
+    assert e.value.file == str(rank1)
+    assert not (tmp_path / "out").exists()
+
+
+# --- fold_lora -------------------------------------------------------------------------------
+
+def _bf16_ulps(a, b):
+    """Largest distance in bf16 units in the last place between two equal-length bf16 buffers."""
+    def ordered(h):  # sign-magnitude bit patterns to integers that sort like the values
+        return 0x8000 - (h & 0x7FFF) if h & 0x8000 else 0x8000 + h
+    xs, ys = struct.unpack(f"<{len(a) // 2}H", a), struct.unpack(f"<{len(b) // 2}H", b)
+    return max((abs(ordered(x) - ordered(y)) for x, y in zip(xs, ys)), default=0)
+
+
+def test_fold_lora_matches_peft(tmp_path):
+    """A PEFT adapter folded into its base, against PEFT's own merge_and_unload() of the same
+    adapter (the fixture's merged_ref_bf16, written by peft): every tensor within 1 bf16 ulp."""
+    fx = FIXTURES / "peft" / "peft_qwen2_all_linear_r8"
+    if not (fx / "merged_ref_bf16.safetensors").is_file():
+        pytest.skip(f"fixture {fx} absent (set SHARDMERGE_FIXTURES)")
+    summary = shardmerge.fold_lora(FIXTURES / "hf_base" / "qwen2", fx / "adapter", tmp_path / "out", dtype="bf16")
+    got = read_safetensors_dir(tmp_path / "out")
+    ref = read_safetensors_dir(fx / "merged_ref_bf16.safetensors")
+    assert got.keys() == ref.keys()
+    for name, (dtype, shape, data) in ref.items():
+        assert got[name][:2] == (dtype, shape), name
+        assert _bf16_ulps(got[name][2], data) <= 1, name
+    assert summary["lora_folds"] > 0
+    with pytest.raises(ValueError):
+        shardmerge.fold_lora(FIXTURES / "hf_base" / "qwen2", fx / "adapter", tmp_path / "out2", dtype="int8")
+    assert not (tmp_path / "out2").exists()
+
 
 
 # --- merge -----------------------------------------------------------------------------------
