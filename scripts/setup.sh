@@ -9,7 +9,8 @@ cd "$(dirname "$0")/.."
 BUILD_DIR=${BUILD_DIR:-build}
 WITH_PYTHON=${WITH_PYTHON:-0}
 
-packages=(build-essential cmake pkg-config nlohmann-json3-dev libcli11-dev libgtest-dev libopenblas-dev libzstd-dev libisal-dev zlib1g-dev)
+packages=(build-essential cmake pkg-config nlohmann-json3-dev libcli11-dev libgtest-dev libopenblas-dev libzstd-dev libisal-dev zlib1g-dev
+          libopenmpi-dev openmpi-bin)
 [ "$WITH_PYTHON" = 1 ] && packages+=(python3 python3-venv clang)
 missing=()
 for p in "${packages[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done

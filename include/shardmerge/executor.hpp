@@ -30,6 +30,16 @@ class OutputSink {
   }
 };
 
+// Reads of source bytes that another process of a multi-process merge holds (a file on that
+// process's node): a transport (exec/dist) carries the request there and the bytes back.
+class RemoteReader {
+ public:
+  virtual ~RemoteReader() = default;
+  // Exactly n bytes of plan source `file` at `offset`, read by process `owner`; throws an Error
+  // carrying the owner's message when it cannot read them.
+  virtual void read(int32_t owner, uint32_t file, uint64_t offset, void* buf, size_t n) = 0;
+};
+
 struct ExecOptions {
   unsigned threads = 0;                // 0: two per core (default_io_threads)
   uint64_t memory_limit = 512ull << 20;  // peak resident memory the whole process may use
@@ -39,6 +49,8 @@ struct ExecOptions {
   // This process's rank in a multi-process merge, or -1 for a single process. A process with a
   // rank refuses to read a source that the plan says another rank owns (SourceFile::owner).
   int32_t rank = -1;
+  // With a rank: where reads of sources another rank owns go (null: such reads are refused).
+  RemoteReader* remote = nullptr;
   // Called with output bytes as they are written (a progress display), from any thread.
   std::function<void(uint64_t bytes)> on_written;
   // Set by the caller (the Python API, on Ctrl-C or a failing progress callback) to stop the run

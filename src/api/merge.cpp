@@ -9,6 +9,7 @@
 #include <filesystem>
 
 #include "api/distributed_merge.hpp"
+#include "api/node_local_plan.hpp"
 #include "exec/dist/process_group.hpp"
 #include "plan/plan_file.hpp"
 #include "shardmerge/error.hpp"
@@ -54,7 +55,8 @@ PlannedMerge plan_from_file(const std::string& path) {
   return pm;
 }
 
-MergeOutcome merge(const std::function<PlannedMerge()>& make_plan, const WriteOptions& o, const MergeHooks& hooks) {
+MergeOutcome merge(const std::function<PlannedMerge()>& make_plan, const WriteOptions& o, const MergeHooks& hooks,
+                   const MergeRequest* node_local) {
   const auto start = Clock::now();
   if (o.target.empty()) throw usage_error("--target_dir is required");
   if (!o.profile.empty()) check_profile_path(o.profile);
@@ -74,8 +76,11 @@ MergeOutcome merge(const std::function<PlannedMerge()>& make_plan, const WriteOp
     if (!o.profile.empty()) throw usage_error("--profile is not available in a multi-process merge");
     // Each process plans later, inside the group: `auto` weighs the cores only.
     ChosenExecutor chosen = choose_executor(device, o.gpu_memory, Workload{0, 0, o.threads});
-    dist::ProcessGroup group(*launch);
-    return merge_distributed(group, make_plan, o, hooks, *chosen.executor, exec);
+    const std::unique_ptr<dist::ProcessGroup> group = dist::join_process_group(*launch);
+    return merge_distributed(
+        *group,
+        [&](dist::ProcessGroup& g) { return node_local ? plan_node_local(g, *node_local) : make_plan(); }, o, hooks,
+        *chosen.executor, exec);
   }
 
   exec.on_written = hooks.on_written;

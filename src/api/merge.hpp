@@ -42,8 +42,11 @@ struct MergeOutcome {
   double plan_seconds = 0, write_seconds = 0, commit_seconds = 0, verify_seconds = 0;
 };
 
-// `o.target` must be given (the CLI fills in verl's default first).
-MergeOutcome merge(const std::function<PlannedMerge()>& make_plan, const WriteOptions& o, const MergeHooks& hooks = {});
+// `o.target` must be given (the CLI fills in verl's default first). `node_local`: the request
+// `make_plan` plans, for a multi-process merge to plan over node-local role directories instead
+// (api/node_local_plan.hpp); without it, every process runs make_plan over what it sees.
+MergeOutcome merge(const std::function<PlannedMerge()>& make_plan, const WriteOptions& o, const MergeHooks& hooks = {},
+                   const MergeRequest* node_local = nullptr);
 
 // A plan file's plan (`merge --plan`), refused if a source this process reads changed since it
 // was made.

@@ -74,7 +74,7 @@ void add_exec_options(CLI::App* cmd, ExecCliOptions& cli) {
                 "whole; same-dtype copies then go through memory instead of copy_file_range)");
 }
 
-int write_merge(const std::function<PlannedMerge()>& make_plan, const ExecCliOptions& cli) {
+int write_merge(const std::function<PlannedMerge()>& make_plan, const ExecCliOptions& cli, const MergeRequest* node_local) {
   const api::WriteOptions o = with_target(cli.write);
   std::unique_ptr<Progress> progress;
   api::MergeHooks hooks;
@@ -96,7 +96,7 @@ int write_merge(const std::function<PlannedMerge()>& make_plan, const ExecCliOpt
     std::printf("shardmerge: %s\n", check.summary().c_str());
     for (const auto& l : check.diff.report(20)) std::printf("  %s\n", l.c_str());
   };
-  const api::MergeOutcome out = api::merge(make_plan, o, hooks);
+  const api::MergeOutcome out = api::merge(make_plan, o, hooks, node_local);
   const nlohmann::ordered_json& j = out.summary;
   if (j.is_null()) return 0;  // not rank 0 of a multi-process merge
   if (cli.json) {
@@ -188,7 +188,8 @@ void add_merge(CLI::App& app, Runner& run) {
     o->exec.verbose = o->common.verbose;
     run = [o] {
       if (!o->plan_file.empty()) return write_merge([o] { return api::plan_from_file(o->plan_file); }, o->exec);
-      return write_merge([o] { return plan_merge(api::to_request(o->common.plan)); }, o->exec);
+      const MergeRequest request = api::to_request(o->common.plan);
+      return write_merge([&request] { return plan_merge(request); }, o->exec, &request);
     };
   });
 }

@@ -37,6 +37,8 @@ void add_device_options(CLI::App* cmd, std::string& device, std::string& gpu_mem
 // value fails parsing, so the error names the flag and exits 2.
 CLI::Validator byte_size_check(bool allow_auto = false);
 // Runs api::merge with a progress bar, then prints its summary (as JSON with --json).
-int write_merge(const std::function<PlannedMerge()>& make_plan, const ExecCliOptions& o);
+// `node_local`: see api::merge.
+int write_merge(const std::function<PlannedMerge()>& make_plan, const ExecCliOptions& o,
+                const MergeRequest* node_local = nullptr);
 
 }  // namespace shardmerge::cli

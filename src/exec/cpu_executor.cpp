@@ -110,7 +110,7 @@ class CpuRun {
   // Sizes the staging, cuts the tasks, then opens the sources they read.
   CpuRun(const MergePlan& plan, const OutputSink& out, const ExecOptions& opt)
       : plan_(plan), out_(out), opt_(opt), limits_(size_staging()), tasks_(make_tasks(plan, limits_)),
-        files_(plan, source_files_read(plan, tasks_), opt.check_crc, opt.rank), sources_(files_.fds()) {}
+        files_(plan, source_files_read(plan, tasks_), opt.check_crc, opt.rank, opt.remote), sources_(files_.fds()) {}
 
   ExecStats run() {
     // Load the BLAS before the workers start: loading sets OPENBLAS_CORETYPE (setenv is not
@@ -190,7 +190,7 @@ class CpuRun {
     if (t.src_dtype == out.dtype) {
       auto scope = trace("copy", in_bytes);
       // copy_file_range keeps the bytes in the kernel, where they cannot be checked.
-      if (sources_.checks_reads() ||
+      if (sources_.must_read(t.src_file) ||
           !out_.copy_from(sources_.fds[t.src_file], t.src_offset, out.file, t.dst_offset, in_bytes)) {
         sources_.read(t.src_file, t.src_offset, read.data, in_bytes);
         out_.write(out.file, t.dst_offset, read.data, in_bytes);

@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <cstdio>
 
-#include "util/fd_io.hpp"
 #include "exec/sources.hpp"
 #include "shardmerge/error.hpp"
 #include "util/crc32.hpp"
@@ -141,7 +140,7 @@ void RecordChecker::finish(const SourceFds& sources) {
       uint32_t crc = 0;
       for (uint64_t pos = a; pos < b;) {
         const size_t n = static_cast<size_t>(std::min<uint64_t>(kGapReadBytes, b - pos));
-        pread_exact(sources.fds[r.file], r.offset + pos, buffer.data(), n, sources.names[r.file]);
+        sources.read_unchecked(r.file, r.offset + pos, buffer.data(), n);
         crc = crc32_update(crc, buffer.data(), n);
         pos += n;
       }

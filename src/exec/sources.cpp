@@ -20,20 +20,24 @@ void SourceFds::read(uint32_t file, uint64_t offset, void* buf, size_t n) const 
     }
   } counted{in_flight, n};
   if (in_flight) in_flight->begin(n);
-  pread_exact(fds[file], offset, buf, n, names[file]);
+  read_unchecked(file, offset, buf, n);
   if (checker) checker->consume(file, offset, buf, n);
+}
+
+void SourceFds::read_unchecked(uint32_t file, uint64_t offset, void* buf, size_t n) const {
+  if (fds[file] >= 0)
+    pread_exact(fds[file], offset, buf, n, names[file]);
+  else if (remote && remote_owner[file] >= 0)
+    remote->read(remote_owner[file], file, offset, buf, n);
+  else
+    throw Error("internal: a read of a source that is not open").file(names[file]).offset(offset);
 }
 
 namespace {
 
-// Refuses to read a source another process owns: its file is on that process's node (or is
-// that process's to read), and a copy here, if any, is not the one the plan describes.
-void check_owner(const SourceFile& s, int32_t rank) {
-  if (rank >= 0 && s.owner != kAnyOwner && s.owner != rank)
-    throw Error("a task of process rank " + std::to_string(rank) + " reads this file, but the plan says only rank " +
-                std::to_string(s.owner) + " can read it")
-        .file(s.path);
-}
+// A source another process owns: its file is on that process's node (or is that process's to
+// read), and a copy here, if any, is not the one the plan describes.
+bool owned_elsewhere(const SourceFile& s, int32_t rank) { return rank >= 0 && s.owner != kAnyOwner && s.owner != rank; }
 
 // The compressed item of `s`, decoded into a new unnamed temp file.
 File decode(const SourceFile& s, const File& in) {
@@ -46,15 +50,27 @@ File decode(const SourceFile& s, const File& in) {
 
 }  // namespace
 
-OpenSources::OpenSources(const MergePlan& plan, const std::vector<uint32_t>& files, bool check_crc, int32_t rank) {
-  for (uint32_t i : files) check_owner(plan.sources.at(i), rank);
+OpenSources::OpenSources(const MergePlan& plan, const std::vector<uint32_t>& files, bool check_crc, int32_t rank,
+                         RemoteReader* remote) {
+  for (uint32_t i : files)
+    if (owned_elsewhere(plan.sources.at(i), rank) && !remote)
+      throw Error("a task of process rank " + std::to_string(rank) + " reads this file, but the plan says only rank " +
+                  std::to_string(plan.sources[i].owner) + " can read it")
+          .file(plan.sources[i].path);
   fds_.fds.assign(plan.sources.size(), -1);
+  fds_.remote_owner.assign(plan.sources.size(), -1);
+  fds_.remote = remote;
   fds_.in_flight = in_flight_.get();
   for (const SourceFile& s : plan.sources) fds_.names.push_back(s.path);
   std::vector<bool> opened(plan.sources.size(), false);
   std::map<std::string, size_t> by_path;  // into files_: one descriptor per file, however many items it holds
   for (uint32_t i : files) {
     const SourceFile& s = plan.sources[i];
+    if (owned_elsewhere(s, rank)) {  // its owner checks the stamp and decodes it
+      fds_.remote_owner[i] = s.owner;
+      opened[i] = true;
+      continue;
+    }
     const auto [at, fresh] = by_path.try_emplace(s.path, files_.size());
     if (fresh) {
       File f = File::open_read(s.path);
@@ -86,7 +102,7 @@ OpenSources::OpenSources(const MergePlan& plan, const std::vector<uint32_t>& fil
     for (RecordCheck& r : records)
       if (r.crc32_at && r.file < opened.size()) {  // stored in the source, after the record (decoded, when compressed)
         unsigned char le[4];
-        pread_exact(fds_.fds[r.file], *r.crc32_at, le, 4, fds_.names[r.file]);
+        fds_.read_unchecked(r.file, *r.crc32_at, le, 4);
         r.crc32 = uint32_t{le[0]} | uint32_t{le[1]} << 8 | uint32_t{le[2]} << 16 | uint32_t{le[3]} << 24;
       }
     if (!records.empty()) {

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "exec/record_checker.hpp"
+#include "shardmerge/executor.hpp"
 #include "shardmerge/plan.hpp"
 #include "util/file.hpp"
 
@@ -36,23 +37,31 @@ class ReadsInFlight {
 };
 
 struct SourceFds {
-  std::vector<int> fds;             // by MergePlan::sources index; -1 for a source not opened
+  std::vector<int> fds;             // by MergePlan::sources index; -1 for a source not opened here
   std::vector<std::string> names;   // every source's path
+  std::vector<int32_t> remote_owner;  // by source index: the rank whose reads `remote` asks for, or -1
+  RemoteReader* remote = nullptr;
   RecordChecker* checker = nullptr;  // null with --no-crc (or a plan without zip records)
   ReadsInFlight* in_flight = nullptr;  // counted when set
 
-  // pread of exactly n bytes, checked (the CRC-32 of the records they fall in) when a checker is on.
+  // Exactly n bytes (pread, or a remote read of a source another process holds), checked (the
+  // CRC-32 of the records they fall in) when a checker is on.
   void read(uint32_t file, uint64_t offset, void* buf, size_t n) const;
-  // True when bytes must pass through user memory to be checked (no copy_file_range).
-  bool checks_reads() const { return checker != nullptr; }
+  // The same bytes, unchecked: the record checker's own reads.
+  void read_unchecked(uint32_t file, uint64_t offset, void* buf, size_t n) const;
+  // True when the bytes of `file` must pass through user memory: to be checked, or because
+  // another process reads them (no copy_file_range).
+  bool must_read(uint32_t file) const { return checker != nullptr || fds[file] < 0; }
 };
 
 class OpenSources {
  public:
   // Opens the sources `files` of `plan` (what the tasks read: source_files_read) and no other,
-  // refusing one whose stamp differs from the plan's, and one owned by a process other than
-  // `rank` (this process's rank in a multi-process merge; -1, a single process, reads any).
-  OpenSources(const MergePlan& plan, const std::vector<uint32_t>& files, bool check_crc, int32_t rank);
+  // refusing one whose stamp differs from the plan's. A source owned by a process other than
+  // `rank` (this process's rank in a multi-process merge; -1, a single process, reads any) is
+  // read through `remote`, or refused without one.
+  OpenSources(const MergePlan& plan, const std::vector<uint32_t>& files, bool check_crc, int32_t rank,
+              RemoteReader* remote = nullptr);
   const SourceFds& fds() const { return fds_; }
 
   // After the last read: checks what is left of the records read (bytes no task read), and

@@ -67,12 +67,18 @@ AdapterSummary summarise_adapter(const std::string& dir) {
 }
 
 DcpSummary summarise_dcp(const std::string& dir, const std::function<bool(const std::string& fqn)>& wanted) {
+  return summarise_dcp_items(read_dcp_metadata(dir), wanted, [](const std::string&) { return true; });
+}
+
+DcpSummary summarise_dcp_items(DcpMetadata metadata, const std::function<bool(const std::string& fqn)>& wanted,
+                               const std::function<bool(const std::string& relative_path)>& in_file) {
   DcpSummary out;
-  out.metadata = read_dcp_metadata(dir);
+  out.metadata = std::move(metadata);
   const DcpMetadata& meta = out.metadata;
   for (const DcpTensor& t : meta.tensors) {
     if (!wanted(t.fqn) || meta.reformulated_shapes.count(t.fqn)) continue;
     for (const DcpChunk& c : t.chunks) {
+      if (!in_file(c.relative_path)) continue;
       const bool stored = c.transforms.empty();
       DcpChunkData data = locate_dcp_chunk_head(meta, t, c);
       out.data_files.try_emplace(c.relative_path, data.stamp);

@@ -5,19 +5,36 @@
 
 #include "layouts/fsdp.hpp"
 #include "layouts/megatron.hpp"
+#include "shardmerge/error.hpp"
 #include "layouts/summaries.hpp"
 
 namespace shardmerge {
 
-SourceSet describe_fsdp(const layouts::FsdpRole& role) {
+SourceSet describe_fsdp(const layouts::FsdpRole& role, const layouts::GatheredSummaries* gathered) {
   layouts::check_fsdp_role(role);
-  return combine_fsdp(role, layouts::summarise_rank_files(role));
+  if (!gathered) return combine_fsdp(role, layouts::summarise_rank_files(role));
+  std::vector<layouts::RankFileSummary> files;
+  for (size_t r = 0; r < role.rank_files.size(); ++r)
+    if (!role.rank_files[r].empty()) files.push_back({static_cast<int64_t>(r), gathered->torch_file(role.rank_files[r])});
+  return combine_fsdp(role, files);
 }
 
-SourceSet describe_megatron_dist(const std::string& dir) {
+SourceSet describe_megatron_dist(const std::string& dir, const layouts::GatheredSummaries* gathered) {
   layouts::check_sharded_backend(dir);
-  return combine_megatron_dist(
-      layouts::summarise_dcp(dir, [](const std::string& fqn) { return !layouts::is_training_state(fqn); }));
+  auto wanted = [](const std::string& fqn) { return !layouts::is_training_state(fqn); };
+  if (!gathered) return combine_megatron_dist(layouts::summarise_dcp(dir, wanted));
+  // The .metadata from the view, the items from the processes holding each .distcp file.
+  layouts::DcpSummary dcp = gathered->dcp;
+  dcp.metadata = read_dcp_metadata(dir);
+  dcp.metadata.dir = gathered->view->real_path(dir);
+  for (const DcpTensor& t : dcp.metadata.tensors) {
+    if (!wanted(t.fqn) || dcp.metadata.reformulated_shapes.count(t.fqn)) continue;
+    for (const DcpChunk& c : t.chunks)
+      if (!(c.transforms.empty() ? dcp.stored_items : dcp.compressed_items).count({c.relative_path, c.offset}))
+        throw Error("no process holds this file, which .metadata says holds tensor " + t.fqn)
+            .file(dcp.metadata.dir + "/" + c.relative_path);
+  }
+  return combine_megatron_dist(dcp);
 }
 
 SourceSet describe_megatron_legacy(const layouts::MegatronRole& role, const nlohmann::ordered_json& config) {

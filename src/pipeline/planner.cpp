@@ -90,7 +90,7 @@ void check_given_config(const std::optional<layouts::HfTree>& given, const std::
 PlannedMerge plan_fsdp(const MergeRequest& req, const layouts::FsdpRole& role, std::vector<std::string> notes) {
   PlannedMerge out;
   out.role_dir = role.path;
-  out.sources = describe_fsdp(role);
+  out.sources = describe_fsdp(role, req.gathered);
   const std::optional<layouts::HfTree> given = hf_model_path_tree(req, notes);
   const layouts::HfTree* hf = given ? &*given : role.huggingface ? &*role.huggingface : nullptr;
 
@@ -118,6 +118,11 @@ PlannedMerge plan_megatron(const MergeRequest& req, const layouts::MegatronRole&
   PlannedMerge out;
   out.role_dir = role.path;
   const layouts::HfTree* hf = role.huggingface ? &*role.huggingface : nullptr;
+  if (req.gathered && (role.dist_ckpt.empty() || (role.model_format == "huggingface" && hf && hf->weights_complete)))
+    throw Error("a node-local multi-process merge reads FSDP rank files and Megatron dist_ckpt shards; this checkpoint's " +
+                std::string(role.dist_ckpt.empty() ? "legacy mp_rank files" : "HuggingFace weights") +
+                " must be on a filesystem every process sees (or merged by one process)")
+        .file(req.gathered->view->real_path(role.path));
   if (role.model_format == "huggingface" && hf && hf->weights_complete) {
     // The bridge already saved complete HF weights: a verified copy through the same pipeline,
     // with LoRA folded (or exported) from verl's PEFT adapter beside them, or from PEFT names
@@ -156,7 +161,7 @@ PlannedMerge plan_megatron(const MergeRequest& req, const layouts::MegatronRole&
         .file(role.path);
   SourceSet megatron;
   if (!role.dist_ckpt.empty()) {
-    megatron = describe_megatron_dist(role.dist_ckpt);
+    megatron = describe_megatron_dist(role.dist_ckpt, req.gathered);
   } else if (!role.mp_rank_dirs.empty()) {
     megatron = describe_megatron_legacy(role, hf->config);
   } else {

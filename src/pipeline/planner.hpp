@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "geometry/source_set.hpp"
+#include "layouts/node_local.hpp"
 #include "plan/build.hpp"
 #include "plan/lora.hpp"
 
@@ -23,6 +24,9 @@ struct MergeRequest {
   bool tie_word_embedding = false;  // verl's flag: drop lm_head even if config.json does not say tied
   bool is_value_model = false;
   std::string hf_model_path;  // config/tokenizer source replacing the checkpoint's huggingface/
+  // A node-local multi-process merge: local_dir is a NodeLocalView's directory, and the data
+  // files' summaries come from the processes that hold them.
+  const layouts::GatheredSummaries* gathered = nullptr;
 };
 
 struct PlannedMerge {

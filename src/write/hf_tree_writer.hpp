@@ -39,6 +39,9 @@ class HfTreeWriter : public OutputSink {
   // Joins the temp directory that another process created (see create) and creates the files
   // this process owns there. A joined directory is never removed or renamed by this object.
   void attach(const std::string& temp_dir, const MergePlan& plan, const std::vector<bool>& owned);
+  // Creates this process's files in the temp directory (create and attach do), again: rank 0
+  // creates the directory before it knows its share.
+  void create_files(const MergePlan& plan, const std::vector<bool>& owned);
   void write(uint32_t file, uint64_t offset, const void* data, size_t n) const override;
   bool copy_from(int src_fd, uint64_t src_offset, uint32_t file, uint64_t offset, uint64_t n) const override;
   // fsyncs the files this process wrote.
@@ -73,7 +76,6 @@ class HfTreeWriter : public OutputSink {
   void create_parents();
   void lock_target();
   void require_space(const MergePlan& plan) const;
-  void create_files(const MergePlan& plan, const std::vector<bool>& owned);
   // Renames the temp directory to the target, under interrupt::hold_off().
   void publish();
   // --force must not replace a directory holding any file the plan reads.

@@ -55,16 +55,25 @@ def test_processes_split_the_files_and_match_one_process(shardmerge_bin, fixture
     assert not list(tmp_path.glob("multi.tmp-*"))
 
 
-def test_a_failing_process_stops_all_and_leaves_nothing(shardmerge_bin, fixtures, manifest, tmp_path):
+@pytest.mark.parametrize("differs, says", [
+    ("local_dir", "was given a different --local_dir than rank 0"),  # another checkpoint
+    ("shard_size", "planned a different merge than rank 0"),         # the same files, another plan
+])
+def test_a_failing_process_stops_all_and_leaves_nothing(shardmerge_bin, fixtures, manifest, tmp_path, differs, says):
     role = role_of(fixtures, manifest, "qwen2_fsdp2_w4")
     other = role_of(fixtures, manifest, "llama_fsdp2_w4")
     target = tmp_path / "out"
-    # Rank 1 points at another checkpoint: the plans differ, so every process must refuse.
-    results = launch(shardmerge_bin, 2, lambda r: ["merge", "--local_dir", role if r == 0 else other,
-                                                   "--target_dir", target, "--max-shard-size", "12KB"])
+
+    def args(rank):
+        local = other if rank == 1 and differs == "local_dir" else role
+        size = "20KB" if rank == 1 and differs == "shard_size" else "12KB"
+        return ["merge", "--local_dir", local, "--target_dir", target, "--max-shard-size", size]
+
+    # Rank 1 is given something else than rank 0: every process must refuse.
+    results = launch(shardmerge_bin, 2, args)
     for rank, (code, _, stderr) in enumerate(results):
         assert code == 1, f"rank {rank} exited {code}: {stderr}"
         assert stderr.startswith("shardmerge: error:"), stderr
-    assert "planned a different merge" in results[0][2] + results[1][2]
+        assert says in stderr, stderr
     assert not target.exists()
     assert not list(tmp_path.glob("out.tmp-*"))

@@ -5,6 +5,7 @@
 
 #include <cstring>
 #include <filesystem>
+#include <numeric>
 #include <random>
 
 #include "exec/dist/partition.hpp"
@@ -227,9 +228,20 @@ MergePlan owned_plan(const std::vector<int32_t>& source_owners, const std::vecto
   return plan;
 }
 
+std::vector<int> all_ranks(int world_size) {
+  std::vector<int> r(static_cast<size_t>(world_size));
+  std::iota(r.begin(), r.end(), 0);
+  return r;
+}
+
+// Without a data plane (the TCP bootstrap): every rank may write, no bytes move.
+std::vector<int> assign_in_place(const MergePlan& plan, int world_size) {
+  return dist::assign_files(plan, world_size, all_ranks(world_size), false);
+}
+
 std::string assign_error(const MergePlan& plan, int world_size) {
   try {
-    dist::assign_files(plan, world_size);
+    assign_in_place(plan, world_size);
   } catch (const Error& e) {
     return e.what();
   }
@@ -241,10 +253,24 @@ TEST(AssignFiles, AFileGoesToTheRankThatOwnsItsSourcesAndTheRestBalanceAroundIt)
   // to rank 1 (without owners it would go to rank 0), 60 and 50 go to the less loaded rank 0
   // (0 < 100, then 60 < 100), 10 to its owner.
   const MergePlan plan = owned_plan({1, kAnyOwner, kAnyOwner, 0}, {{0}, {1}, {2, 1}, {3}}, {100, 60, 50, 10});
-  EXPECT_EQ(dist::assign_files(plan, 2), (std::vector<int>{1, 0, 0, 0}));
+  EXPECT_EQ(assign_in_place(plan, 2), (std::vector<int>{1, 0, 0, 0}));
+  // With a data plane the same: writing 100 costs rank 0 the 16 bytes it would fetch.
+  EXPECT_EQ(dist::assign_files(plan, 2, {0, 1}, true), (std::vector<int>{1, 0, 0, 0}));
   // Everything shared: plain balance by bytes, largest first.
   const MergePlan shared = owned_plan({kAnyOwner, kAnyOwner, kAnyOwner, kAnyOwner}, {{0}, {1}, {2}, {3}}, {100, 60, 50, 10});
-  EXPECT_EQ(dist::assign_files(shared, 2), (std::vector<int>{0, 1, 1, 0}));
+  EXPECT_EQ(assign_in_place(shared, 2), (std::vector<int>{0, 1, 1, 0}));
+}
+
+TEST(AssignFiles, WithADataPlaneAFileNeedingTwoRanksGoesWhereLessMustBeFetched) {
+  // File 0 reads 4 floats of rank 0 and 8 of rank 1 (two tensors over source 1): rank 1 fetches
+  // less. File 1 reads rank 0's source only, and rank 1 is loaded: rank 0.
+  const MergePlan plan = owned_plan({0, 1}, {{0, 1, 1}, {0}}, {10, 10});
+  EXPECT_EQ(dist::assign_files(plan, 2, {0, 1}, true), (std::vector<int>{1, 0}));
+  // Only rank 0 sees the target: it writes everything, fetching what it lacks.
+  EXPECT_EQ(dist::assign_files(plan, 3, {0}, true), (std::vector<int>{0, 0}));
+  // Three writers, three files of equal size, each reading one rank's source: each to its owner.
+  const MergePlan three = owned_plan({2, 0, 1}, {{0}, {1}, {2}}, {30, 30, 30});
+  EXPECT_EQ(dist::assign_files(three, 3, {0, 1, 2}, true), (std::vector<int>{2, 0, 1}));
 }
 
 TEST(AssignFiles, AFileNeedingTwoRanksSourcesIsRefusedNamingItAndBothRanks) {
@@ -261,7 +287,7 @@ TEST(AssignFiles, LoraSlicesCountAndAnOwnerPastTheWorldIsRefused) {
   plan.tensors[0].lora = LoraFold{{f32_slice(1, 0, {1}, {0}, {4})}, {f32_slice(2, 0, {1}, {0}, {4})}, 1, 1.0, false};
   EXPECT_NE(assign_error(plan, 2).find("/nowhere/src2"), std::string::npos);
   plan.tensors[0].lora->b[0].file = 1;
-  EXPECT_EQ(dist::assign_files(plan, 2), std::vector<int>{1});
+  EXPECT_EQ(assign_in_place(plan, 2), std::vector<int>{1});
   const std::string what = assign_error(plan, 1);
   EXPECT_NE(what.find("owned by rank 1"), std::string::npos) << what;
   EXPECT_NE(what.find("1 processes"), std::string::npos) << what;

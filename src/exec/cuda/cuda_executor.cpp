@@ -82,7 +82,7 @@ class CudaExecutor : public Executor {
     staging.chunk = chunk_ = chunk_ ? std::min(chunk_, staging.chunk) : staging.chunk;
     const std::vector<Task> tasks = make_tasks(plan, TaskLimits{staging.chunk, staging.chunk});
     const std::vector<std::vector<Task>> parts = split_by_bytes(plan, tasks, devices_.size());
-    OpenSources sources(plan, source_files_read(plan, tasks), options.check_crc, options.rank);
+    OpenSources sources(plan, source_files_read(plan, tasks), options.check_crc, options.rank, options.remote);
 
     cuda::IoPool io(options.threads ? options.threads : default_io_threads());
     cuda::SharedRun shared(plan, sources.fds(), out, options, io);

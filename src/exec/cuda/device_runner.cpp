@@ -116,7 +116,7 @@ size_t DeviceRunner::run_tasks(const std::vector<Task>& tasks, size_t first) {
       if (run_.failed()) return;
       auto scope = trace("copy", where.bytes);
       // copy_file_range keeps the bytes in the kernel, where they cannot be checked.
-      if (!run_.sources.checks_reads() &&
+      if (!run_.sources.must_read(t.src_file) &&
           run_.out.copy_from(run_.sources.fds[t.src_file], t.src_offset, where.file, where.offset, where.bytes)) {
         wrote(where.bytes);
       } else {

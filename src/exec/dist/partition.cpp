@@ -5,31 +5,30 @@
 #include <string>
 
 #include "shardmerge/error.hpp"
+#include "shardmerge/dtype.hpp"
 
 namespace shardmerge::dist {
 
 namespace {
 
-// The one rank that can write output file `f` (kAnyOwner when every source it reads is on a
-// shared filesystem), from the owners of the sources its tensors read.
-int32_t writer_of(const MergePlan& plan, uint32_t f, int world_size) {
-  int32_t owner = kAnyOwner;
-  uint32_t owner_source = 0;
+// Bytes of the sources that the tensors of output file `f` read, by owning rank (index
+// world_size: sources any process can read), and a source path of each owner, for messages.
+std::vector<uint64_t> source_bytes_by_owner(const MergePlan& plan, uint32_t f, int world_size,
+                                            std::vector<std::string>& a_path) {
+  std::vector<uint64_t> bytes(static_cast<size_t>(world_size) + 1, 0);
+  a_path.assign(bytes.size(), "");
   auto visit = [&](const OutputTensor& t, const Slice& s) {
     const SourceFile& src = plan.sources.at(s.file);
-    if (src.owner == kAnyOwner) return;
-    if (src.owner >= world_size)
+    if (src.owner != kAnyOwner && (src.owner < 0 || src.owner >= world_size))
       throw Error("is owned by rank " + std::to_string(src.owner) + " of a merge run by " + std::to_string(world_size) +
                   " processes")
-          .file(src.path);
-    if (owner != kAnyOwner && owner != src.owner)
-      throw Error("output file " + plan.files[f].name + " needs sources held by rank " + std::to_string(owner) + " (" +
-                  plan.sources[owner_source].path + ") and rank " + std::to_string(src.owner) +
-                  "; no single process can write it (slices are not moved between processes)")
-          .tensor(t.name)
-          .file(src.path);
-    owner = src.owner;
-    owner_source = s.file;
+          .file(src.path)
+          .tensor(t.name);
+    uint64_t n = dtype_size(s.dtype);
+    for (int64_t e : s.extent) n *= static_cast<uint64_t>(e);
+    const size_t at = src.owner == kAnyOwner ? static_cast<size_t>(world_size) : static_cast<size_t>(src.owner);
+    bytes[at] += n;
+    if (a_path[at].empty()) a_path[at] = src.path;
   };
   for (const OutputTensor& t : plan.tensors) {
     if (t.file != f) continue;
@@ -39,23 +38,43 @@ int32_t writer_of(const MergePlan& plan, uint32_t f, int world_size) {
       for (const Slice& s : t.lora->b) visit(t, s);
     }
   }
-  return owner;
+  return bytes;
 }
 
 }  // namespace
 
-std::vector<int> assign_files(const MergePlan& plan, int world_size) {
+std::vector<int> assign_files(const MergePlan& plan, int world_size, const std::vector<int>& writers, bool move_slices) {
+  if (writers.empty()) throw Error("internal: no process may write the output");
   std::vector<size_t> order(plan.files.size());
   std::iota(order.begin(), order.end(), 0);
   std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return plan.files[a].size > plan.files[b].size; });
   std::vector<uint64_t> load(static_cast<size_t>(world_size), 0);
-  std::vector<int> owner(plan.files.size(), 0);
+  std::vector<int> owner(plan.files.size(), writers[0]);
   for (size_t f : order) {
-    const int32_t fixed = writer_of(plan, static_cast<uint32_t>(f), world_size);
-    const auto r = fixed != kAnyOwner ? static_cast<size_t>(fixed)
-                                      : static_cast<size_t>(std::min_element(load.begin(), load.end()) - load.begin());
-    owner[f] = static_cast<int>(r);
-    load[r] += plan.files[f].size;
+    std::vector<std::string> a_path;
+    const std::vector<uint64_t> by_owner = source_bytes_by_owner(plan, static_cast<uint32_t>(f), world_size, a_path);
+    uint64_t owned = 0;
+    for (int r = 0; r < world_size; ++r) owned += by_owner[static_cast<size_t>(r)];
+    // What writing it costs rank r: what it writes already, plus the bytes others must send it.
+    int best = -1;
+    uint64_t best_cost = 0;
+    for (int r : writers) {
+      const uint64_t fetched = owned - by_owner[static_cast<size_t>(r)];
+      if (!move_slices && fetched > 0) continue;
+      const uint64_t cost = load[static_cast<size_t>(r)] + fetched;
+      if (best < 0 || cost < best_cost) best = r, best_cost = cost;
+    }
+    if (best < 0) {
+      std::string holders;
+      for (int r = 0; r < world_size; ++r)
+        if (by_owner[static_cast<size_t>(r)])
+          holders += (holders.empty() ? "" : " and ") + ("rank " + std::to_string(r)) + " (" + a_path[static_cast<size_t>(r)] + ")";
+      throw Error("output file " + plan.files[f].name + " needs sources held by " + holders +
+                  ", and this launch moves no bytes between processes (torchrun's bootstrap carries control "
+                  "messages only): launch with mpirun or srun, or put the checkpoint on a filesystem every process sees");
+    }
+    owner[f] = best;
+    load[static_cast<size_t>(best)] += plan.files[f].size;
   }
   return owner;
 }

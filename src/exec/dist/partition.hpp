@@ -9,10 +9,12 @@
 
 namespace shardmerge::dist {
 
-// Owner rank of each output file: largest files first, each to the least-loaded rank, except
-// that a file whose tensors read sources of one rank (SourceFile::owner) goes to that rank.
-// Throws when a file needs sources of two ranks, or of a rank past `world_size`.
-std::vector<int> assign_files(const MergePlan& plan, int world_size);
+// The writing rank of each output file, one of `writers`: largest files first, each to the
+// writer for which (bytes it writes already + bytes of the file's sources that other ranks own,
+// SourceFile::owner) is least. Without `move_slices` (a transport with no data plane) a file
+// must go to a writer that holds every source it reads; throws when none does, and for a
+// source owned by a rank past `world_size`.
+std::vector<int> assign_files(const MergePlan& plan, int world_size, const std::vector<int>& writers, bool move_slices);
 
 // The plan restricted to the tensors of the files `rank` owns (same files and sources, so
 // offsets stay valid; an executor opens only the sources those tensors read), and the

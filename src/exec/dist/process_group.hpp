@@ -1,16 +1,21 @@
-// The processes of one multi-process merge, found from the launcher's environment (torchrun:
-// RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT; mpirun: OMPI_COMM_WORLD_* / PMI_*),
-// connected by a small TCP bootstrap of ours: rank 0 listens, the others connect. It carries
-// only control traffic (plan digests, the temp directory name, status, statistics, and the
-// NCCL unique id where NCCL is used).
-//
-// The port is SHARDMERGE_PORT, else MASTER_PORT + 1: under torchrun, MASTER_PORT itself is
-// held by torch's own rendezvous store.
+// The processes of one multi-process merge, as the launcher started them: torchrun (RANK,
+// WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT), mpirun (OMPI_COMM_WORLD_*), srun or another
+// PMI launcher (PMI_RANK/PMI_SIZE, PMIX_RANK/SLURM_NTASKS). Two transports sit behind one
+// interface, so planning and the executors never know which carries them:
+//  - MPI (mpi_group.hpp; where shardmerge was built with MPI and an MPI launcher started the
+//    processes): collectives for control, point-to-point messages for the data plane;
+//  - the TCP bootstrap (tcp_group.hpp; torchrun, or no MPI at build time): control messages only
+//    (plan digests, summaries, status), so every source must be readable where it is needed.
 #pragma once
 
+#include <cstdint>
+#include <functional>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
+
+#include "shardmerge/executor.hpp"
 
 namespace shardmerge::dist {
 
@@ -18,6 +23,7 @@ struct LaunchInfo {
   int rank = 0;
   int world_size = 1;
   int local_rank = 0;
+  bool mpi = false;  // an MPI launcher started the processes (mpirun, srun, another PMI launcher)
   std::string address = "127.0.0.1";
   int port = 29501;
 };
@@ -25,29 +31,61 @@ struct LaunchInfo {
 // Reads the launcher's variables; nullopt when this is a single-process run.
 std::optional<LaunchInfo> launch_from_environment();
 
+// Moves source bytes between processes: a process asks the owner of a source (a file on its
+// node) for a byte range, the owner reads it and sends it back.
+class DataPlane : public RemoteReader {
+ public:
+  using Serve = std::function<void(uint32_t file, uint64_t offset, void* buf, size_t n)>;
+  // From now on answers the other processes' reads with `serve` (on threads of its own; an Error
+  // it throws goes back to the asking process as the failure of its read).
+  virtual void begin_serving(Serve serve) = 0;
+  // Collective: says that this process reads nothing more, keeps serving until every process
+  // has said the same, then stops.
+  virtual void end_serving() = 0;
+  virtual uint64_t bytes_served() const = 0;
+};
+
 class ProcessGroup {
  public:
-  // Connects all processes (waits up to `timeout_s` for them).
-  explicit ProcessGroup(const LaunchInfo& info, int timeout_s = 120);
-  ~ProcessGroup();
-  ProcessGroup(const ProcessGroup&) = delete;
-  ProcessGroup& operator=(const ProcessGroup&) = delete;
-
+  virtual ~ProcessGroup() = default;
   int rank() const { return info_.rank; }
   int size() const { return info_.world_size; }
   int local_rank() const { return info_.local_rank; }
+  virtual std::string transport() const = 0;  // for messages: "MPI", "TCP bootstrap"
 
   // Every process contributes a blob and gets everyone's, in rank order. A process that
   // failed contributes its error instead (ok = false): then every process throws an Error
   // naming the failed rank and its message, so all stop at the same point.
-  std::vector<std::string> all_gather(const std::string& mine, bool ok = true);
+  virtual std::vector<std::string> all_gather(const std::string& mine, bool ok = true) = 0;
   // Rank 0's blob, everywhere (with the same error semantics).
   std::string broadcast(const std::string& from_root, bool ok = true);
+  // Null when this transport carries control messages only.
+  virtual DataPlane* data_plane() { return nullptr; }
 
- private:
+ protected:
+  explicit ProcessGroup(const LaunchInfo& info) : info_(info) {}
   LaunchInfo info_;
-  int listen_fd_ = -1;
-  std::vector<int> peers_;  // rank 0: one socket per other rank (index rank - 1); others: the root
 };
+
+// Runs `step` (returning a string) here, then exchanges its result, or its error, with every
+// process: all return everyone's results in rank order, or all throw the first failure. Every
+// collective step of a multi-process merge goes through this, so that a process that fails
+// never leaves the others waiting in a different collective.
+template <typename Step>
+std::vector<std::string> run_together(ProcessGroup& group, Step step) {
+  std::string out;
+  bool ok = true;
+  try {
+    out = step();
+  } catch (const std::exception& e) {
+    ok = false;
+    out = e.what();
+  }
+  return group.all_gather(out, ok);
+}
+
+// The group for `info`: MPI where built with it and an MPI launcher started the processes, else
+// the TCP bootstrap (connecting waits up to `timeout_s` for every process).
+std::unique_ptr<ProcessGroup> join_process_group(const LaunchInfo& info, int timeout_s = 120);
 
 }  // namespace shardmerge::dist

@@ -1,0 +1,201 @@
+"""Merges whose rank files are node-local (issue 13), on one machine: `mpirun` starts the
+processes, and each sees the same role-dir path with different contents (its own mount
+namespace, `unshare -m`, and a bind mount of its "node" directory there), as verl leaves them on
+a multi-node run: each node its own rank files, node 0 alone the sidecars. The oracle is the
+single-process merge of the complete checkpoint, byte for byte."""
+import json
+import os
+import re
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+MPI_ENV = dict(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", OMPI_MCA_rmaps_base_oversubscribe="1")
+
+
+@pytest.fixture(scope="module")
+def mpi(shardmerge_bin):
+    if os.environ.get("SHARDMERGE_HAVE_MPI", "ON") != "ON":
+        pytest.skip("shardmerge was built without MPI (libopenmpi-dev): no data plane to test")
+    if not shutil.which("mpirun"):
+        pytest.skip("mpirun not found (openmpi-bin)")
+    probe = subprocess.run(["unshare", "-m", "sh", "-c", "mount -t tmpfs none /mnt && umount /mnt"], capture_output=True)
+    if probe.returncode != 0:
+        pytest.skip("unshare -m with a mount is not permitted here (needs CAP_SYS_ADMIN): "
+                    + probe.stderr.decode(errors="replace").strip())
+    return shardmerge_bin
+
+
+def role_of(fixtures, manifest, name):
+    entry = next(f for f in manifest["fixtures"] if f["name"] == name)
+    return fixtures / entry["role_dir"]
+
+
+def split_role(role, base, shares, is_data):
+    """Copies `role` into base/node<R>: the data files `shares[R]` selects (a predicate on the
+    relative path) to each node, every other file to node 0 only."""
+    nodes = [base / f"node{r}" for r in range(len(shares))]
+    for n in nodes:
+        n.mkdir(parents=True)
+    for f in sorted(p for p in role.rglob("*") if p.is_file()):
+        rel = f.relative_to(role)
+        owners = [r for r, takes in enumerate(shares) if is_data(rel) and takes(rel)] if is_data(rel) else [0]
+        for r in owners:
+            (nodes[r] / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(f, nodes[r] / rel)
+    return nodes
+
+
+def fsdp_rank(rel):
+    m = re.match(r"model_world_size_\d+_rank_(\d+)\.pt$", rel.name)
+    return int(m.group(1)) if m else None
+
+
+def is_fsdp_data(rel):
+    return re.match(r"(model|optim|extra_state)_world_size_\d+_rank_\d+\.pt$", rel.name) is not None
+
+
+def fsdp_shares(ranks_per_node):
+    return [lambda rel, rs=set(rs): re.search(r"_rank_(\d+)\.pt$", rel.name) and int(
+        re.search(r"_rank_(\d+)\.pt$", rel.name).group(1)) in rs for rs in ranks_per_node]
+
+
+def mpirun(mpi, base, nprocs, args, target_per_node=False, wrap=None, timeout=300):
+    """Runs `shardmerge merge` on `nprocs` processes, each with base/node<R> mounted at base/actor
+    (and base/target<R> at base/target when `target_per_node`)."""
+    mount = f'mount --bind "{base}/node$OMPI_COMM_WORLD_RANK" "{base}/actor"'
+    (base / "actor").mkdir(exist_ok=True)
+    if target_per_node:
+        (base / "target").mkdir(exist_ok=True)
+        for r in range(nprocs):
+            (base / f"target{r}").mkdir(exist_ok=True)
+        mount += f' && mount --bind "{base}/target$OMPI_COMM_WORLD_RANK" "{base}/target"'
+    cmd = " ".join(f"'{a}'" for a in [mpi, "merge", "--local_dir", base / "actor", *map(str, args)])
+    if wrap:
+        cmd = wrap(cmd)
+    script = f"{mount} && exec {cmd}" if not wrap else f"{mount} && {cmd}"
+    return subprocess.run(["mpirun", "--oversubscribe", "-np", str(nprocs), "unshare", "-m", "sh", "-c", script],
+                          capture_output=True, text=True, env=dict(os.environ, **MPI_ENV), timeout=timeout)
+
+
+def same_tree(a, b):
+    names = sorted(str(p.relative_to(a)) for p in a.rglob("*") if p.is_file())
+    assert names == sorted(str(p.relative_to(b)) for p in b.rglob("*") if p.is_file())
+    for n in names:
+        assert (a / n).read_bytes() == (b / n).read_bytes(), n
+
+
+def summary_of(proc):
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return json.loads(proc.stdout[proc.stdout.index("{"):])
+
+
+@pytest.mark.parametrize("nodes", [
+    [[0, 2], [1, 3]],          # two nodes, interleaved ranks
+    [[3], [], [0, 1, 2]],      # uneven, non-contiguous, a process with no files
+])
+def test_fsdp2_w4_node_local_equals_one_process(mpi, fixtures, manifest, run, tmp_path, nodes):
+    role = role_of(fixtures, manifest, "qwen2_fsdp2_w4")
+    run("merge", "--local_dir", role, "--target_dir", tmp_path / "single", "--max-shard-size", "12KB")
+    split_role(role, tmp_path, fsdp_shares(nodes), is_fsdp_data)
+    s = summary_of(mpirun(mpi, tmp_path, len(nodes), ["--target_dir", tmp_path / "multi", "--max-shard-size", "12KB", "--json"]))
+    same_tree(tmp_path / "single", tmp_path / "multi")
+    assert s["transport"] == "MPI" and s["node_local_sources"] and s["target_seen_by_all"]
+    assert s["bytes_sent_between_processes"] > 0
+    assert s["source"] == str(tmp_path / "actor")
+    assert not list(tmp_path.glob("multi.tmp-*"))
+
+
+def test_fsdp2_w8_four_nodes(mpi, shardmerge_gen_bin, run, tmp_path):
+    subprocess.run([shardmerge_gen_bin, "--out", tmp_path / "run", "--model", "tiny", "--world-size", "8"], check=True,
+                   capture_output=True)
+    role = next((tmp_path / "run").rglob("fsdp_config.json")).parent
+    run("merge", "--local_dir", role, "--target_dir", tmp_path / "single")
+    split_role(role, tmp_path, fsdp_shares([[0, 5], [1, 2, 3], [], [4, 6, 7]]), is_fsdp_data)
+    s = summary_of(mpirun(mpi, tmp_path, 4, ["--target_dir", tmp_path / "multi", "--json"]))
+    same_tree(tmp_path / "single", tmp_path / "multi")
+    assert s["processes"] == 4
+
+
+def test_hsdp_replicas_on_different_nodes(mpi, fixtures, manifest, run, tmp_path):
+    # (ddp=2, fsdp=2): ranks 0 and 2 hold the same shard, as do 1 and 3.
+    role = role_of(fixtures, manifest, "qwen2_hsdp_2x2")
+    run("merge", "--local_dir", role, "--target_dir", tmp_path / "single")
+    split_role(role, tmp_path, fsdp_shares([[0, 3], [1, 2]]), is_fsdp_data)
+    s = summary_of(mpirun(mpi, tmp_path, 2, ["--target_dir", tmp_path / "multi", "--json"]))
+    same_tree(tmp_path / "single", tmp_path / "multi")
+    # Each replica read once: the processes read what one process reads.
+    single = summary_of(subprocess.run([mpi, "merge", "--local_dir", role, "--target_dir", tmp_path / "again", "--json"],
+                                       capture_output=True, text=True))
+    assert s["bytes_read"] == single["bytes_read"]
+
+
+def test_lora_fold_with_adapter_slices_from_other_nodes(mpi, fixtures, manifest, run, tmp_path):
+    role = role_of(fixtures, manifest, "qwen2_lora_fsdp2_w4")
+    run("merge", "--local_dir", role, "--target_dir", tmp_path / "single")
+    split_role(role, tmp_path, fsdp_shares([[1], [0, 2, 3]]), is_fsdp_data)
+    s = summary_of(mpirun(mpi, tmp_path, 2, ["--target_dir", tmp_path / "multi", "--json"]))
+    same_tree(tmp_path / "single", tmp_path / "multi")
+    assert s["lora_folds"] > 0
+
+
+def test_megatron_tp2_pp2_dist_ckpt_spread_over_three_nodes(mpi, fixtures, manifest, run, tmp_path):
+    role = role_of(fixtures, manifest, "qwen2_megatron_tp2_pp2")
+    # verl's dist-only save has no HF config: the base model's, given on every process.
+    config = ["--hf_model_path", fixtures / "hf_base_megatron" / "qwen2"]
+    run("merge", "--local_dir", role, "--target_dir", tmp_path / "single", *config)
+    files = sorted(p.name for p in role.rglob("*.distcp"))
+    assert len(files) >= 3
+    # .metadata, common.pt, configs: node 0 only; node 0 holds no .distcp file at all.
+    shares = [lambda rel: False, lambda rel: rel.name in files[::2], lambda rel: rel.name in files[1::2]]
+    split_role(role, tmp_path, shares, lambda rel: rel.suffix == ".distcp")
+    s = summary_of(mpirun(mpi, tmp_path, 3, ["--target_dir", tmp_path / "multi", "--json", *config]))
+    same_tree(tmp_path / "single", tmp_path / "multi")
+    assert s["bytes_sent_between_processes"] > 0
+
+
+def test_target_seen_by_rank_0_only(mpi, fixtures, manifest, run, tmp_path):
+    role = role_of(fixtures, manifest, "qwen2_fsdp2_w4")
+    run("merge", "--local_dir", role, "--target_dir", tmp_path / "single", "--max-shard-size", "12KB")
+    split_role(role, tmp_path, fsdp_shares([[0, 1], [2], [3]]), is_fsdp_data)
+    s = summary_of(mpirun(mpi, tmp_path, 3, ["--target_dir", tmp_path / "target" / "out", "--max-shard-size", "12KB",
+                                             "--json"], target_per_node=True))
+    assert s["writers"] == 1 and not s["target_seen_by_all"]
+    same_tree(tmp_path / "single", tmp_path / "target0" / "out")
+    assert not (tmp_path / "target1" / "out").exists() and not (tmp_path / "target2" / "out").exists()
+
+
+def test_a_file_no_process_holds_is_named(mpi, fixtures, manifest, tmp_path):
+    role = role_of(fixtures, manifest, "qwen2_fsdp2_w4")
+    split_role(role, tmp_path, fsdp_shares([[0], [3]]), is_fsdp_data)  # ranks 1 and 2 nowhere
+    proc = mpirun(mpi, tmp_path, 2, ["--target_dir", tmp_path / "multi"])
+    assert proc.returncode != 0
+    out = proc.stdout + proc.stderr
+    assert "model_world_size_4_rank_1.pt" in out or "rank 1" in out, out
+    assert not (tmp_path / "multi").exists() and not list(tmp_path.glob("multi.tmp-*"))
+
+
+def test_a_killed_process_fails_the_job_naming_it_and_leaves_no_target(mpi, shardmerge_gen_bin, tmp_path):
+    subprocess.run([shardmerge_gen_bin, "--out", tmp_path / "run", "--model", "qwen2.5-0.5b", "--world-size", "4",
+                    "--dtype", "float32"], check=True, capture_output=True)
+    role = next((tmp_path / "run").rglob("fsdp_config.json")).parent
+    split_role(role, tmp_path, fsdp_shares([[0, 3], [1], [2]]), is_fsdp_data)
+    shutil.rmtree(tmp_path / "run")
+    target = tmp_path / "multi"
+    # Rank 2 is killed (SIGKILL) once the output's temp directory exists, mid-merge.
+    kill = (f'if [ "$OMPI_COMM_WORLD_RANK" = 2 ]; then {{ CMD & pid=$!; '
+            f'while ! ls -d "{target}".tmp-* >/dev/null 2>&1; do sleep 0.05; done; sleep 0.3; kill -9 $pid; wait $pid; }}; '
+            f'else exec CMD; fi')
+    start = time.monotonic()
+    proc = mpirun(mpi, tmp_path, 3, ["--target_dir", target, "--threads", "1"], wrap=lambda cmd: kill.replace("CMD", cmd),
+                  timeout=180)
+    elapsed = time.monotonic() - start
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0, out
+    assert elapsed < 120, f"the job took {elapsed:.0f} s to fail"
+    # mpirun itself reports the lost process, before ours can: OpenMPI names it "[[job,1],2]".
+    assert re.search(r"rank 2\b|\[\[\d+,\d+\],2\]", out), out
+    assert not target.exists()
