@@ -7,9 +7,11 @@
 #include <unistd.h>
 
 #include <filesystem>
+#include <thread>
 
 #include "api/node_local_plan.hpp"
 #include "exec/dist/partition.hpp"
+#include "exec/io.hpp"
 #include "exec/dist/source_server.hpp"
 #include "util/file.hpp"
 #include "shardmerge/error.hpp"
@@ -99,13 +101,17 @@ MergeOutcome merge_distributed(dist::ProcessGroup& group, const std::function<Pl
   const dist::RankShare share =
       dist::share_of(plan, dist::assign_files(plan, group.size(), writers, group.data_plane() != nullptr), group.rank());
   const bool shared_target = writers.size() == static_cast<size_t>(group.size());
-  if (root && hooks.on_start)
-    hooks.on_start(pm,
-                   std::to_string(group.size()) + " processes over " + group.transport() + "; " +
+  if (root && hooks.on_start) {
+    std::string line = std::to_string(group.size()) + " processes over " + group.transport() + "; " +
                        (shared_target ? "each writes its share of the " + std::to_string(plan.files.size()) + " output files"
                                       : std::to_string(writers.size()) + " of them see the target and write its " +
-                                            std::to_string(plan.files.size()) + " files"),
-                   0);
+                                            std::to_string(plan.files.size()) + " files");
+    // mpirun binds each process to one core by default when it starts one or two per node.
+    if (usable_cores() == 1 && std::thread::hardware_concurrency() > 1)
+      line += "; rank 0 runs on 1 of this machine's " + std::to_string(std::thread::hardware_concurrency()) +
+              " cores (the launcher bound it there: give mpirun --bind-to none)";
+    hooks.on_start(pm, line, 0);
+  }
 
   ExecStats stats;
   dist::SourceServer server(plan, group.rank());

@@ -57,7 +57,11 @@ api::WriteOptions with_target(api::WriteOptions o) {
 void add_exec_options(CLI::App* cmd, ExecCliOptions& cli) {
   api::WriteOptions& o = cli.write;
   cmd->add_option("--target_dir,--target-dir", o.target,
-                  "Output directory (created atomically); when not given, verl's default, said on stderr")
+                  "Output directory (created atomically); when not given, verl's default, said on stderr. Under "
+                  "mpirun/srun/torchrun: where every process sees it (a shared filesystem), each writes its share "
+                  "of the output files; where only rank 0 sees it (checked with a token file rank 0 writes), the "
+                  "rank 0 writes everything (node-local rank files reach it over MPI). The JSON summary's \"writers\" "
+                  "says which")
       ->default_str(api::kDefaultTarget);
   cmd->add_option("--threads", o.threads, "Worker threads; 0: two per core the process may run on");
   cmd->add_option("--memory-limit,--memory_limit", o.memory_limit, "Peak resident memory, e.g. 512MiB, 2GB")

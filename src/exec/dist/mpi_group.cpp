@@ -8,6 +8,8 @@
 
 #include <climits>
 #include <cstring>
+#include <chrono>
+#include <string_view>
 
 #include "shardmerge/error.hpp"
 
@@ -34,6 +36,26 @@ void check(int rc, const char* what) {
   int len = 0;
   MPI_Error_string(rc, text, &len);
   throw Error(std::string("MPI: ") + what + " failed: " + std::string(text, static_cast<size_t>(len)));
+}
+
+// Waits for `done()` to say true, giving the core away between polls: Open MPI's blocking calls
+// spin, and the executor's threads and the serving threads of every process on a node would spin
+// beside the work they wait for. The sleep stays short (at most 100 us) so that replies of a
+// few hundred KiB to a few MiB lose little to it.
+template <typename Done>
+void poll_until(Done done) {
+  for (unsigned i = 0;; ++i) {
+    if (done()) return;
+    if (i >= 16) std::this_thread::sleep_for(std::chrono::microseconds(std::min(100u, 5u << std::min(i - 16, 5u))));
+  }
+}
+
+void wait(MPI_Request& request, const char* what, MPI_Status* status = MPI_STATUS_IGNORE) {
+  poll_until([&] {
+    int flag = 0;
+    check(MPI_Test(&request, &flag, status), what);
+    return flag != 0;
+  });
 }
 
 // One message carries at most INT_MAX bytes; reads are split well below that.
@@ -114,10 +136,16 @@ void MpiProcessGroup::read(int32_t owner, uint32_t file, uint64_t offset, void* 
     q.offset = offset;
     q.n = piece;
     q.reply_tag = 1 + static_cast<int32_t>(next_tag_.fetch_add(1) % static_cast<uint32_t>(tag_limit_ - 1));
-    check(MPI_Send(&q, sizeof q, MPI_BYTE, owner, kRequestTag, comms_->data), "MPI_Send (read request)");
+    MPI_Request sent;
+    check(MPI_Isend(&q, sizeof q, MPI_BYTE, owner, kRequestTag, comms_->data, &sent), "MPI_Isend (read request)");
+    wait(sent, "MPI_Isend (read request)");
     MPI_Message message;
     MPI_Status status;
-    check(MPI_Mprobe(owner, q.reply_tag, comms_->data, &message, &status), "MPI_Mprobe (read reply)");
+    poll_until([&] {
+      int flag = 0;
+      check(MPI_Improbe(owner, q.reply_tag, comms_->data, &flag, &message, &status), "MPI_Improbe (read reply)");
+      return flag != 0;
+    });
     int count = 0;
     MPI_Get_count(&status, MPI_BYTE, &count);
     if (static_cast<uint64_t>(count) != piece) {  // the owner's error instead of the bytes
@@ -143,7 +171,9 @@ void MpiProcessGroup::serve_requests() {
   while (true) {
     Request q;
     MPI_Status status;
-    MPI_Recv(&q, sizeof q, MPI_BYTE, MPI_ANY_SOURCE, kRequestTag, comms_->data, &status);
+    MPI_Request received;
+    check(MPI_Irecv(&q, sizeof q, MPI_BYTE, MPI_ANY_SOURCE, kRequestTag, comms_->data, &received), "MPI_Irecv (request)");
+    wait(received, "MPI_Irecv (request)", &status);
     if (q.kind == Request::Stop) return;
     if (q.kind == Request::Done) {
       if (done_peers_.fetch_add(1) + 1 < size() - 1) continue;
@@ -160,12 +190,12 @@ void MpiProcessGroup::serve_requests() {
       failure = e.what();
       if (failure.size() == q.n) failure += '.';  // a reply of n bytes means success
     }
-    if (failure.empty()) {
-      MPI_Send(buffer.data(), static_cast<int>(q.n), MPI_BYTE, status.MPI_SOURCE, q.reply_tag, comms_->data);
-      served_ += q.n;
-    } else {
-      MPI_Send(failure.data(), static_cast<int>(failure.size()), MPI_BYTE, status.MPI_SOURCE, q.reply_tag, comms_->data);
-    }
+    const std::string_view reply = failure.empty() ? std::string_view(buffer.data(), q.n) : std::string_view(failure);
+    MPI_Request sent;
+    check(MPI_Isend(reply.data(), static_cast<int>(reply.size()), MPI_BYTE, status.MPI_SOURCE, q.reply_tag, comms_->data, &sent),
+          "MPI_Isend (reply)");
+    wait(sent, "MPI_Isend (reply)");
+    if (failure.empty()) served_ += q.n;
   }
 }
 
