@@ -18,6 +18,7 @@
 #include <functional>
 #include <mutex>
 #include <new>
+#include <optional>
 #include <thread>
 
 #include "api/inspect.hpp"
@@ -70,8 +71,11 @@ void translate_error(const std::exception_ptr& p, void*) {
 // Members the thread uses are declared before thread_, which starts it.
 class MergeJob {
  public:
-  MergeJob(std::function<PlannedMerge()> make_plan, api::WriteOptions write)
-      : make_plan_(std::move(make_plan)), write_(std::move(write)), thread_([this] { body(); }) {}
+  // `merge`: the merge's options, so that a multi-process merge under mpirun/srun can plan with
+  // node-local rank files (api/node_local_plan.hpp).
+  MergeJob(std::function<PlannedMerge()> make_plan, api::WriteOptions write,
+           std::optional<api::MergeOptions> merge = std::nullopt)
+      : make_plan_(std::move(make_plan)), write_(std::move(write)), merge_(std::move(merge)), thread_([this] { body(); }) {}
   MergeJob(const MergeJob&) = delete;
   MergeJob& operator=(const MergeJob&) = delete;
   // _api.py always joins; this is for a job dropped without (the merge is abandoned, not finished).
@@ -109,7 +113,8 @@ class MergeJob {
     hooks.on_start = [this](const PlannedMerge&, const std::string&, uint64_t total) { total_ = total; };
     hooks.on_written = [this](uint64_t n) { done_.fetch_add(n, std::memory_order_relaxed); };
     try {
-      summary_ = api::merge(make_plan_, write_, hooks).summary.dump();
+      const std::optional<MergeRequest> request = merge_ ? std::optional(api::to_request(*merge_)) : std::nullopt;
+      summary_ = api::merge(make_plan_, write_, hooks, request ? &*request : nullptr).summary.dump();
     } catch (...) {
       error_ = std::current_exception();
     }
@@ -122,6 +127,7 @@ class MergeJob {
 
   const std::function<PlannedMerge()> make_plan_;
   const api::WriteOptions write_;
+  const std::optional<api::MergeOptions> merge_;
   std::atomic<bool> cancel_{false};
   std::atomic<uint64_t> done_{0}, total_{0};
   std::mutex mutex_;
@@ -185,7 +191,7 @@ NB_MODULE(_core, m) {
   nb::class_<MergeJob>(m, "MergeJob")
       .def_static(
           "merge", [](const api::MergeOptions& o, const api::WriteOptions& w) {
-            return new MergeJob([o] { return plan_merge(api::to_request(o)); }, w);
+            return new MergeJob([o] { return plan_merge(api::to_request(o)); }, w, o);
           },
           "merge"_a, "write"_a, nb::rv_policy::take_ownership)
       .def_static(

@@ -227,6 +227,51 @@ def test_distributed_merge_shares_the_work(tmp_path):
     assert read_safetensors_dir(tmp_path / "out") == read_safetensors_dir(fx / "verl_ref")
 
 
+TWICE = textwrap.dedent("""
+    import json, sys, shardmerge
+    for out in sys.argv[2:]:  # MPI is initialised once per process: a second merge must work too
+        print(json.dumps(shardmerge.merge(sys.argv[1], out, backend="fsdp", distributed=True)))
+    """)
+
+
+def test_distributed_merge_under_mpirun_with_node_local_rank_files_twice(tmp_path):
+    if not shutil.which("mpirun"):
+        pytest.skip("mpirun not found (openmpi-bin)")
+    probe = subprocess.run(["unshare", "-m", "sh", "-c", "mount -t tmpfs none /mnt && umount /mnt"], capture_output=True)
+    if probe.returncode != 0:
+        pytest.skip("unshare -m with a mount is not permitted here (needs CAP_SYS_ADMIN)")
+    fx = fixture("llama_fsdp2_w4")
+    role = fx / "global_step_3" / "actor"
+    # Two "nodes": ranks 0, 2 and the sidecars on node 0, ranks 1, 3 on node 1, at one path.
+    for f in sorted(p for p in role.rglob("*") if p.is_file()):
+        rel = f.relative_to(role)
+        rank = rel.name.rsplit("_rank_", 1)[1].split(".")[0] if "_rank_" in rel.name else "0"
+        dest = tmp_path / f"node{int(rank) % 2}" / rel
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(f, dest)
+    (tmp_path / "node1").mkdir(exist_ok=True)
+    (tmp_path / "actor").mkdir()
+    script = tmp_path / "twice.py"
+    script.write_text(TWICE)
+    run = (f'mount --bind "{tmp_path}/node$OMPI_COMM_WORLD_RANK" "{tmp_path}/actor" && '
+           f'exec "{sys.executable}" "{script}" "{tmp_path}/actor" "{tmp_path}/out1" "{tmp_path}/out2"')
+    env = {**os.environ, "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
+    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
+        env.pop(k, None)
+    proc = subprocess.run(["mpirun", "--oversubscribe", "--bind-to", "none", "-np", "2", "unshare", "-m", "sh", "-c", run],
+                          capture_output=True, text=True, env=env, timeout=300)
+    out = proc.stdout + proc.stderr
+    if proc.returncode != 0 and "moves no bytes between processes" in out:
+        pytest.skip("this wheel was built without MPI (libopenmpi-dev): no data plane")
+    assert proc.returncode == 0, out
+    summaries = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+    assert len(summaries) == 2, out  # rank 0's two summaries (the other process prints null)
+    for s in summaries:
+        assert s["transport"] == "MPI" and s["node_local_sources"] and s["bytes_sent_between_processes"] > 0, s
+    for target in ("out1", "out2"):
+        assert read_safetensors_dir(tmp_path / target) == read_safetensors_dir(fx / "verl_ref")
+
+
 def test_merge_progress_on_a_small_merge(tmp_path):
     calls = []
     summary = shardmerge.merge(role_dir("qwen2_fsdp2_w2"), tmp_path / "out", progress=lambda d, t: calls.append((d, t)))

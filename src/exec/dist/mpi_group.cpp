@@ -6,9 +6,10 @@
 #define MPICH_SKIP_MPICXX 1
 #include <mpi.h>
 
-#include <climits>
-#include <cstring>
 #include <chrono>
+#include <climits>
+#include <cstdlib>
+#include <cstring>
 #include <string_view>
 
 #include "shardmerge/error.hpp"
@@ -61,6 +62,30 @@ void wait(MPI_Request& request, const char* what, MPI_Status* status = MPI_STATU
 // One message carries at most INT_MAX bytes; reads are split well below that.
 constexpr uint64_t kMaxMessage = 1ull << 30;
 
+// MPI can be initialised once per process, and never again after MPI_Finalize: a Python process
+// may merge several times, and may have initialised MPI itself (mpi4py). So the first group
+// initialises it unless someone did, and it is finalised at exit, by whoever initialised it.
+void initialise_mpi_once() {
+  int finalized = 0, initialized = 0, provided = 0;
+  MPI_Finalized(&finalized);
+  if (finalized) throw Error("MPI was already finalized in this process: a multi-process merge cannot start again");
+  MPI_Initialized(&initialized);
+  if (!initialized) {
+    check(MPI_Init_thread(nullptr, nullptr, MPI_THREAD_MULTIPLE, &provided), "MPI_Init_thread");
+    std::atexit([] {
+      int done = 0;
+      MPI_Finalized(&done);
+      if (!done) MPI_Finalize();
+    });
+  } else {
+    MPI_Query_thread(&provided);
+  }
+  if (provided < MPI_THREAD_MULTIPLE)
+    throw Error("the MPI library runs without MPI_THREAD_MULTIPLE" +
+                std::string(initialized ? " (it was initialised before shardmerge: ask for MPI_THREAD_MULTIPLE there)" : "") +
+                ", which the data plane needs");
+}
+
 }  // namespace
 
 struct MpiProcessGroup::Communicators {
@@ -69,18 +94,13 @@ struct MpiProcessGroup::Communicators {
 };
 
 MpiProcessGroup::MpiProcessGroup(const LaunchInfo& info) : ProcessGroup(info), comms_(std::make_unique<Communicators>()) {
-  int provided = 0;
-  check(MPI_Init_thread(nullptr, nullptr, MPI_THREAD_MULTIPLE, &provided), "MPI_Init_thread");
+  initialise_mpi_once();
   int rank = 0, size = 0;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   MPI_Comm_size(MPI_COMM_WORLD, &size);
-  if (provided < MPI_THREAD_MULTIPLE || rank != info.rank || size != info.world_size) {
-    MPI_Finalize();
-    if (provided < MPI_THREAD_MULTIPLE)
-      throw Error("the MPI library does not provide MPI_THREAD_MULTIPLE, which the data plane needs");
+  if (rank != info.rank || size != info.world_size)
     throw Error("MPI says rank " + std::to_string(rank) + " of " + std::to_string(size) + ", the launcher's variables rank " +
                 std::to_string(info.rank) + " of " + std::to_string(info.world_size));
-  }
   MPI_Comm_dup(MPI_COMM_WORLD, &comms_->control);
   MPI_Comm_dup(MPI_COMM_WORLD, &comms_->data);
   void* ub = nullptr;
@@ -93,12 +113,11 @@ MpiProcessGroup::~MpiProcessGroup() {
   if (!servers_.empty()) {
     try {
       end_serving();
-    } catch (...) {  // the job is failing already; MPI_Finalize below still runs
+    } catch (...) {  // the job is failing already
     }
   }
   MPI_Comm_free(&comms_->data);
   MPI_Comm_free(&comms_->control);
-  MPI_Finalize();
 }
 
 std::vector<std::string> MpiProcessGroup::all_gather(const std::string& mine, bool ok) {

@@ -16,10 +16,10 @@ namespace shardmerge::dist {
 
 class MpiProcessGroup : public ProcessGroup, private DataPlane {
  public:
-  // MPI_Init_thread; refuses a library without MPI_THREAD_MULTIPLE, and ranks that disagree with
-  // the launcher's variables.
+  // Initialises MPI on first use (or takes it as mpi4py initialised it); refuses a library without
+  // MPI_THREAD_MULTIPLE, and ranks that disagree with the launcher's variables.
   explicit MpiProcessGroup(const LaunchInfo& info);
-  ~MpiProcessGroup() override;  // stops serving if still on, then MPI_Finalize
+  ~MpiProcessGroup() override;  // stops serving if still on (MPI itself is finalised at exit)
   MpiProcessGroup(const MpiProcessGroup&) = delete;
   MpiProcessGroup& operator=(const MpiProcessGroup&) = delete;
 
