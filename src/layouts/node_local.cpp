@@ -1,6 +1,7 @@
 #include "layouts/node_local.hpp"
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cstdlib>
@@ -10,6 +11,7 @@
 #include "shardmerge/error.hpp"
 #include "util/file.hpp"
 #include "util/file_stamp.hpp"
+#include "util/process_start.hpp"
 
 namespace fs = std::filesystem;
 
@@ -18,6 +20,21 @@ namespace {
 
 constexpr uint64_t kLargestCopied = 64ull << 20;
 constexpr uint64_t kMostCopiedInAll = 256ull << 20;  // per process, what every other process receives
+
+// Views of runs that were killed while planning: `shardmerge-view-<pid>-XXXXXX` whose pid cannot
+// have made them any more (that process is gone, or the pid now belongs to a later one).
+void remove_stale_views(const fs::path& tmp) {
+  std::error_code ec;
+  for (auto it = fs::directory_iterator(tmp, ec); !ec && it != fs::directory_iterator(); it.increment(ec)) {
+    static const std::regex view_name(R"(shardmerge-view-(\d{1,9})-\w{6})");
+    std::smatch m;
+    const std::string name = it->path().filename().string();
+    if (!std::regex_match(name, m, view_name) || !it->is_directory(ec)) continue;
+    struct stat st {};
+    if (::lstat(it->path().c_str(), &st) != 0) continue;
+    if (!process_may_have_made(std::stoi(m[1].str()), st.st_mtime)) fs::remove_all(it->path(), ec);
+  }
+}
 
 nlohmann::json stamp_json(const FileStamp& s) { return {s.size, s.mtime_ns, s.ctime_ns, s.inode, s.device}; }
 FileStamp stamp_from(const nlohmann::json& j) {
@@ -85,9 +102,9 @@ std::vector<NodeFile> decode_node_files(const std::string& blob) {
 NodeLocalView::NodeLocalView(std::string role_dir, const std::vector<std::vector<NodeFile>>& listings, int rank)
     : role_dir_(fs::path(std::move(role_dir)).lexically_normal().string()) {
   while (role_dir_.size() > 1 && role_dir_.back() == '/') role_dir_.pop_back();
-  std::string tmpl = (fs::path(std::getenv("TMPDIR") && *std::getenv("TMPDIR") ? std::getenv("TMPDIR") : "/tmp") /
-                      "shardmerge-view-XXXXXX")
-                         .string();
+  const fs::path tmp = std::getenv("TMPDIR") && *std::getenv("TMPDIR") ? std::getenv("TMPDIR") : "/tmp";
+  remove_stale_views(tmp);
+  std::string tmpl = (tmp / ("shardmerge-view-" + std::to_string(::getpid()) + "-XXXXXX")).string();
   if (!::mkdtemp(tmpl.data())) throw Error("cannot create a temp directory for the node-local view").file(tmpl);
   temp_root_ = tmpl;
   view_dir_ = (fs::path(temp_root_) / fs::path(role_dir_).filename()).string();

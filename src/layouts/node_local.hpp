@@ -35,8 +35,9 @@ bool holds_tensor_data(const std::string& relative, uint64_t size);
 
 class NodeLocalView {
  public:
-  // `listings[r]`: what rank r holds under `role_dir`. Builds the view under $TMPDIR. Throws when
-  // two processes hold one data file with different sizes.
+  // `listings[r]`: what rank r holds under `role_dir`. Builds the view under $TMPDIR (removing
+  // there the views of runs killed while planning). Throws when two processes hold one data file
+  // with different sizes.
   NodeLocalView(std::string role_dir, const std::vector<std::vector<NodeFile>>& listings, int rank);
   ~NodeLocalView();
   NodeLocalView(const NodeLocalView&) = delete;
