@@ -57,6 +57,20 @@ def fmt_bytes(n):
     return f"{n:.2f} PB"
 
 
+def generated_role(build, workdir, model, world_size, dtype, optimizer=False):
+    """The role dir of a shardmerge-gen checkpoint in workdir, generated unless a complete one is
+    kept there from an earlier run."""
+    run_root = Path(workdir) / f"{model}-w{world_size}-{dtype}{'-optim' if optimizer else ''}"
+    role = run_root / "global_step_1" / "actor"
+    if not (role / "fsdp_config.json").exists():
+        shutil.rmtree(run_root, ignore_errors=True)
+        cmd = [str(Path(build) / "bench" / "shardmerge-gen"), "--model", model, "--world-size", str(world_size),
+               "--dtype", dtype, "--out", str(run_root)] + (["--optimizer"] if optimizer else [])
+        print("generating:", " ".join(cmd), flush=True)
+        subprocess.run(cmd, check=True)
+    return role
+
+
 def shardmerge_bench(args, shardmerge, workdir, lora_rank=0, local_dir=None):
     """Runs `shardmerge bench --json`: on local_dir when given, else generating the checkpoint into
     workdir (or reusing the one kept there) with --keep; returns its JSON and the role dir."""

@@ -29,7 +29,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from merge_bench import fmt_bytes
+from merge_bench import fmt_bytes, generated_role
 
 ROOT = Path(__file__).resolve().parent.parent
 MPI_ENV = dict(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", OMPI_MCA_rmaps_base_oversubscribe="1")
@@ -78,14 +78,7 @@ def main():
     shardmerge = str(build / "shardmerge")
     workdir = Path(args.workdir)
     workdir.mkdir(parents=True, exist_ok=True)
-    run_root = workdir / f"{args.model}-w{args.world_size}-{args.dtype}"
-    role = run_root / "global_step_1" / "actor"
-    if not (role / "fsdp_config.json").exists():
-        shutil.rmtree(run_root, ignore_errors=True)
-        cmd = [str(build / "bench" / "shardmerge-gen"), "--model", args.model, "--world-size", str(args.world_size),
-               "--dtype", args.dtype, "--out", str(run_root)]
-        print("generating:", " ".join(cmd), flush=True)
-        subprocess.run(cmd, check=True, capture_output=True)
+    role = generated_role(build, workdir, args.model, args.world_size, args.dtype)
     in_bytes = sum(p.stat().st_size for p in role.rglob("*") if p.is_file())
     target = workdir / "out"
 

@@ -19,7 +19,7 @@ import sys
 import time
 from pathlib import Path
 
-from merge_bench import fmt_bytes, run_measured
+from merge_bench import fmt_bytes, generated_role, run_measured
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -39,14 +39,7 @@ def main():
     build = Path(args.build_dir)
     workdir = Path(args.workdir)
     workdir.mkdir(parents=True, exist_ok=True)
-    run_root = workdir / f"{args.model}-w{args.world_size}-{args.dtype}-optim"
-    role = run_root / "global_step_1" / "actor"
-    if not (role / "fsdp_config.json").exists():
-        shutil.rmtree(run_root, ignore_errors=True)
-        cmd = [str(build / "bench" / "shardmerge-gen"), "--model", args.model, "--world-size", str(args.world_size),
-               "--dtype", args.dtype, "--optimizer", "--out", str(run_root)]
-        print("generating:", " ".join(cmd), flush=True)
-        subprocess.run(cmd, check=True)
+    role = generated_role(build, workdir, args.model, args.world_size, args.dtype, optimizer=True)
     in_bytes = sum(p.stat().st_size for p in role.rglob("*") if p.is_file())
     out = workdir / "out"
 
