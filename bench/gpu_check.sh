@@ -13,7 +13,8 @@
 # Writes $OUT/gpu_check.txt (one table: every step and every suite run, with counts) and
 # $OUT/gpu_check.json (the same as data), beside the logs. The suites are the ones
 # `--gtest_list_tests` lists whose names say CUDA, GPU, kernel or device, so a suite added or
-# renamed later is still run. Exit: 0 all passed, 1 something failed, 3 no GPU is present (the
+# renamed later is still run (NcclGpuLink among them: the NCCL data plane's rounds on one GPU, and
+# between GPUs where there are two or more). Exit: 0 all passed, 1 something failed, 3 no GPU is present (the
 # build and the suites still run, and say so: every GPU test then skips).
 set -uo pipefail
 cd "$(dirname "$0")/.."

@@ -55,6 +55,7 @@ def merge(
     force: bool = False,
     check_crc: bool = True,
     distributed: bool = False,
+    transport: str = "auto",
     progress: Optional[Callable[[int, int], Any]] = None,
 ) -> Optional[dict[str, Any]]: ...
 def fold_lora(

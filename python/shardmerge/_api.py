@@ -76,7 +76,7 @@ def merge(local_dir: PathLike, target_dir: PathLike, *, backend: str = "auto", d
           role: str = "actor", hf_model_path: Optional[PathLike] = None, threads: Optional[int] = None,
           memory_limit: Union[str, int] = "512MiB", device: str = "cpu", gpu_memory: Union[str, int] = "auto",
           verify: bool = False, force: bool = False, check_crc: bool = True, distributed: bool = False,
-          progress: Optional[Callable[[int, int], Any]] = None) -> Optional[dict[str, Any]]:
+          transport: str = "auto", progress: Optional[Callable[[int, int], Any]] = None) -> Optional[dict[str, Any]]:
     """Merge the checkpoint at `local_dir` into the HF directory `target_dir` (created atomically);
     returns the summary `shardmerge merge --json` prints. The options are the CLI's.
 
@@ -87,12 +87,17 @@ def merge(local_dir: PathLike, target_dir: PathLike, *, backend: str = "auto", d
     distributed: this process is one of those a launcher started (torchrun, mpirun: RANK and
     WORLD_SIZE in the environment), each calling merge() with the same arguments; they share the
     work, rank 0 returns the summary and the others None (no progress is reported). Off, the
-    launcher's variables are ignored and this process merges alone."""
+    launcher's variables are ignored and this process merges alone.
+
+    transport: what moves slices between those processes when each holds only its node's rank
+    files: "nccl" (their GPUs), "mpi" (mpirun/srun), "auto" (the CLI's --transport)."""
+    if transport not in ("auto", "mpi", "nccl"):
+        raise ValueError(f"transport must be 'auto', 'mpi' or 'nccl', got {transport!r}")
+    w = _write_options(target_dir, threads, memory_limit, device, gpu_memory, verify, force, check_crc, distributed)
+    w.transport = transport
     job = _core.MergeJob.merge(_merge_options(local_dir, backend, dtype, max_shard_size, lora, lora_alpha,
                                               force_lora_alpha, tie_word_embedding, is_value_model, role,
-                                              hf_model_path),
-                               _write_options(target_dir, threads, memory_limit, device, gpu_memory, verify, force,
-                                              check_crc, distributed))
+                                              hf_model_path), w)
     return _wait(job, progress)
 
 

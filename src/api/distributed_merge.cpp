@@ -10,6 +10,7 @@
 #include <thread>
 
 #include "api/node_local_plan.hpp"
+#include "exec/dist/data_plane.hpp"
 #include "exec/dist/partition.hpp"
 #include "exec/io.hpp"
 #include "exec/dist/source_server.hpp"
@@ -76,6 +77,9 @@ MergeOutcome merge_distributed(dist::ProcessGroup& group, const std::function<Pl
     throw usage_error("--verify reads every source on rank 0, and this merge's rank files are spread over the "
                       "processes' nodes: run `shardmerge verify` where one machine sees the whole checkpoint");
 
+  const dist::ChosenDataPlane data = dist::choose_data_plane(group, o.transport, node_local);
+  dist::DataPlane* const plane = data.plane;
+
   // Rank 0 creates the temp directory; the processes that see it write too.
   std::optional<HfTreeWriter> writer_slot;
   const std::string token = visibility_token(group.rank());
@@ -99,10 +103,11 @@ MergeOutcome merge_distributed(dist::ProcessGroup& group, const std::function<Pl
   for (int r = 0; r < group.size(); ++r)
     if (sees[static_cast<size_t>(r)] == "1") writers.push_back(r);
   const dist::RankShare share =
-      dist::share_of(plan, dist::assign_files(plan, group.size(), writers, group.data_plane() != nullptr), group.rank());
+      dist::share_of(plan, dist::assign_files(plan, group.size(), writers, plane != nullptr), group.rank());
   const bool shared_target = writers.size() == static_cast<size_t>(group.size());
   if (root && hooks.on_start) {
-    std::string line = std::to_string(group.size()) + " processes over " + group.transport() + "; " +
+    std::string line = std::to_string(group.size()) + " processes over " + group.transport() +
+                       (plane && plane->name() != group.transport() ? ", slices over " + plane->name() : "") + "; " +
                        (shared_target ? "each writes its share of the " + std::to_string(plan.files.size()) + " output files"
                                       : std::to_string(writers.size()) + " of them see the target and write its " +
                                             std::to_string(plan.files.size()) + " files");
@@ -124,8 +129,8 @@ MergeOutcome merge_distributed(dist::ProcessGroup& group, const std::function<Pl
     }
     ExecOptions mine = exec;
     mine.rank = group.rank();  // reads its own sources, and the others' through the data plane
-    mine.remote = group.data_plane();
-    Serving serving(group.data_plane(), server);
+    mine.remote = plane;
+    Serving serving(plane, server);
     if (!share.plan.tensors.empty()) stats = executor.run(share.plan, writer, mine);
     serving.end();
     server.finish();
@@ -134,7 +139,7 @@ MergeOutcome merge_distributed(dist::ProcessGroup& group, const std::function<Pl
                           {"written", stats.bytes_written},
                           {"rss", peak_rss_bytes()},
                           {"folds", stats.lora_folds},
-                          {"sent", group.data_plane() ? group.data_plane()->bytes_served() : 0}}
+                          {"sent", plane ? plane->bytes_served() : 0}}
         .dump();
   });
   // --verify: once every process has written and synced its files, the root compares the whole
@@ -172,6 +177,7 @@ MergeOutcome merge_distributed(dist::ProcessGroup& group, const std::function<Pl
   j["layout"] = plan.layout;
   j["processes"] = group.size();
   j["transport"] = group.transport();
+  j["data_plane"] = plane ? plane->name() : "none";  // what moved the slices between processes
   j["node_local_sources"] = node_local;
   j["writers"] = writers.size();
   j["target_seen_by_all"] = shared_target;

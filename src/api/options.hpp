@@ -64,6 +64,9 @@ struct WriteOptions {
   // environment) as one multi-process merge. The CLI does; the Python API only when asked, since
   // a training job's processes carry those variables too.
   bool multi_process = true;
+  // What moves slices between the processes of a multi-process merge: auto, mpi or nccl
+  // (exec/dist/data_plane.hpp).
+  std::string transport = "auto";
 };
 inline const std::string kDefaultTarget = "tmp";  // verl's model_merger writes here without --target_dir
 

@@ -9,6 +9,7 @@
 #include "api/plan.hpp"
 #include "cli/commands.hpp"
 #include "cli/merge_options.hpp"
+#include "exec/dist/data_plane.hpp"
 #include "geometry/sharding.hpp"
 #include "shardmerge/error.hpp"
 #include "util/progress.hpp"
@@ -60,9 +61,15 @@ void add_exec_options(CLI::App* cmd, ExecCliOptions& cli) {
                   "Output directory (created atomically); when not given, verl's default, said on stderr. Under "
                   "mpirun/srun/torchrun: where every process sees it (a shared filesystem), each writes its share "
                   "of the output files; where only rank 0 sees it (checked with a token file rank 0 writes), the "
-                  "rank 0 writes everything (node-local rank files reach it over MPI). The JSON summary's \"writers\" "
-                  "says which")
+                  "rank 0 writes everything (node-local rank files reach it over NCCL or MPI). The JSON summary's "
+                  "\"writers\" says which")
       ->default_str(api::kDefaultTarget);
+  cmd->add_option("--transport", o.transport,
+                  "What moves slices between processes when rank files are node-local: nccl (the processes' GPUs, "
+                  "one each), mpi (host memory; mpirun/srun), auto (nccl where every process has a GPU of its own "
+                  "and libnccl loads, else mpi where MPI started the processes)")
+      ->check(CLI::IsMember(dist::kTransportChoices))
+      ->default_str("auto");
   cmd->add_option("--threads", o.threads, "Worker threads; 0: two per core the process may run on");
   cmd->add_option("--memory-limit,--memory_limit", o.memory_limit, "Peak resident memory, e.g. 512MiB, 2GB")
       ->check(byte_size_check());

@@ -176,7 +176,8 @@ NB_MODULE(_core, m) {
       .def_rw("verify", &api::WriteOptions::verify)
       .def_rw("force", &api::WriteOptions::force)
       .def_rw("no_crc", &api::WriteOptions::no_crc)
-      .def_rw("multi_process", &api::WriteOptions::multi_process);
+      .def_rw("multi_process", &api::WriteOptions::multi_process)
+      .def_rw("transport", &api::WriteOptions::transport);
 
   nb::class_<api::FoldLoraOptions>(m, "FoldLoraOptions")
       .def(nb::init<>())

@@ -88,6 +88,14 @@ def same_tree(a, b):
         assert (a / n).read_bytes() == (b / n).read_bytes(), n
 
 
+def gpu_count():
+    try:
+        out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return 0
+    return sum(line.startswith("GPU ") for line in out.stdout.splitlines()) if out.returncode == 0 else 0
+
+
 def summary_of(proc):
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return json.loads(proc.stdout[proc.stdout.index("{"):])
@@ -104,6 +112,7 @@ def test_fsdp2_w4_node_local_equals_one_process(mpi, fixtures, manifest, run, tm
     s = summary_of(mpirun(mpi, tmp_path, len(nodes), ["--target_dir", tmp_path / "multi", "--max-shard-size", "12KB", "--json"]))
     same_tree(tmp_path / "single", tmp_path / "multi")
     assert s["transport"] == "MPI" and s["node_local_sources"] and s["target_seen_by_all"]
+    assert s["data_plane"] == ("NCCL" if gpu_count() >= len(nodes) else "MPI")  # --transport auto
     assert s["bytes_sent_between_processes"] > 0
     assert s["source"] == str(tmp_path / "actor")
     assert not list(tmp_path.glob("multi.tmp-*"))
@@ -199,3 +208,30 @@ def test_a_killed_process_fails_the_job_naming_it_and_leaves_no_target(mpi, shar
     # mpirun itself reports the lost process, before ours can: OpenMPI names it "[[job,1],2]".
     assert re.search(r"rank 2\b|\[\[\d+,\d+\],2\]", out), out
     assert not target.exists()
+
+
+@pytest.mark.parametrize("transport", ["mpi", "nccl"])
+def test_explicit_transport_moves_the_slices(mpi, fixtures, manifest, run, tmp_path, transport):
+    if transport == "nccl" and gpu_count() < 2:
+        pytest.skip(f"--transport nccl needs 2 GPUs, one per process; this machine has {gpu_count()}")
+    role = role_of(fixtures, manifest, "qwen2_lora_fsdp2_w4")
+    run("merge", "--local_dir", role, "--target_dir", tmp_path / "single", "--max-shard-size", "20KB")
+    split_role(role, tmp_path, fsdp_shares([[0, 3], [1, 2]]), is_fsdp_data)
+    s = summary_of(mpirun(mpi, tmp_path, 2, ["--target_dir", tmp_path / "multi", "--max-shard-size", "20KB",
+                                             "--transport", transport, "--json"]))
+    same_tree(tmp_path / "single", tmp_path / "multi")
+    assert s["data_plane"] == transport.upper() and s["bytes_sent_between_processes"] > 0
+
+
+def test_transport_nccl_where_a_process_has_no_gpu_of_its_own_is_refused(mpi, fixtures, manifest, tmp_path):
+    if gpu_count() >= 2:
+        pytest.skip("this machine has a GPU for each of the 2 processes")
+    role = role_of(fixtures, manifest, "qwen2_fsdp2_w4")
+    split_role(role, tmp_path, fsdp_shares([[0, 1], [2, 3]]), is_fsdp_data)
+    proc = mpirun(mpi, tmp_path, 2, ["--target_dir", tmp_path / "multi", "--transport", "nccl"])
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 2, out
+    # No GPU at all, no libnccl, a build without NCCL, or one GPU that both processes would share.
+    assert re.search(r"--transport nccl: process rank [01] cannot use NCCL: "
+                     r"(no CUDA device|.*libnccl|this shardmerge was built without NCCL|it would share its GPU)", out), out
+    assert not (tmp_path / "multi").exists() and not list(tmp_path.glob("multi.tmp-*"))

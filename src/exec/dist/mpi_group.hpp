@@ -28,6 +28,7 @@ class MpiProcessGroup : public ProcessGroup, private DataPlane {
   DataPlane* data_plane() override { return this; }
 
  private:
+  std::string name() const override { return "MPI"; }
   void read(int32_t owner, uint32_t file, uint64_t offset, void* buf, size_t n) override;
   void begin_serving(Serve serve) override;
   void end_serving() override;

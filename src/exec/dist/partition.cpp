@@ -71,7 +71,8 @@ std::vector<int> assign_files(const MergePlan& plan, int world_size, const std::
           holders += (holders.empty() ? "" : " and ") + ("rank " + std::to_string(r)) + " (" + a_path[static_cast<size_t>(r)] + ")";
       throw Error("output file " + plan.files[f].name + " needs sources held by " + holders +
                   ", and this launch moves no bytes between processes (torchrun's bootstrap carries control "
-                  "messages only): launch with mpirun or srun, or put the checkpoint on a filesystem every process sees");
+                  "messages only, and the processes cannot use NCCL: see --transport): launch with mpirun or srun, or "
+                  "put the checkpoint on a filesystem every process sees");
     }
     owner[f] = best;
     load[static_cast<size_t>(best)] += plan.files[f].size;

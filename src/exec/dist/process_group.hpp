@@ -5,7 +5,8 @@
 //  - MPI (mpi_group.hpp; where shardmerge was built with MPI and an MPI launcher started the
 //    processes): collectives for control, point-to-point messages for the data plane;
 //  - the TCP bootstrap (tcp_group.hpp; torchrun, or no MPI at build time): control messages only
-//    (plan digests, summaries, status), so every source must be readable where it is needed.
+//    (plan digests, summaries, status); slices move over NCCL where the processes have GPUs
+//    (data_plane.hpp), else every source must be readable where it is needed.
 #pragma once
 
 #include <cstdint>
@@ -32,9 +33,12 @@ struct LaunchInfo {
 std::optional<LaunchInfo> launch_from_environment();
 
 // Moves source bytes between processes: a process asks the owner of a source (a file on its
-// node) for a byte range, the owner reads it and sends it back.
+// node) for a byte range, the owner reads it and sends it back. Two implementations: MPI
+// point-to-point (mpi_group.hpp) and NCCL in rounds (round_exchange.hpp, nccl_link.hpp);
+// data_plane.hpp chooses.
 class DataPlane : public RemoteReader {
  public:
+  virtual std::string name() const = 0;  // for messages: "MPI", "NCCL"
   using Serve = std::function<void(uint32_t file, uint64_t offset, void* buf, size_t n)>;
   // From now on answers the other processes' reads with `serve` (on threads of its own; an Error
   // it throws goes back to the asking process as the failure of its read).
@@ -59,7 +63,8 @@ class ProcessGroup {
   virtual std::vector<std::string> all_gather(const std::string& mine, bool ok = true) = 0;
   // Rank 0's blob, everywhere (with the same error semantics).
   std::string broadcast(const std::string& from_root, bool ok = true);
-  // Null when this transport carries control messages only.
+  // This transport's own data plane (MPI point-to-point); null when it carries control messages
+  // only.
   virtual DataPlane* data_plane() { return nullptr; }
 
  protected:
