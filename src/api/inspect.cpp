@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <set>
 
+#include "formats/dcp.hpp"
 #include "layouts/fsdp.hpp"
 #include "layouts/layout.hpp"
 #include "layouts/megatron.hpp"
@@ -130,7 +131,7 @@ void megatron_report(const layouts::MegatronRole& role, bool with_tensors, json&
   if (role.dist_ckpt.empty()) return;
   try {
     // .metadata alone: no item is read.
-    const DcpMetadata meta = layouts::summarise_dcp(role.dist_ckpt, [](const std::string&) { return false; }).metadata;
+    const DcpMetadata meta = read_dcp_metadata(role.dist_ckpt);
     json list = json::array();
     size_t model = 0, state = 0;
     uint64_t bytes = 0;

@@ -31,9 +31,9 @@ layouts::NodeSummaries summarise_here(const layouts::NodeLocalView& view) {
              megatron && !megatron->dist_ckpt.empty() && fs::is_regular_file(fs::path(megatron->dist_ckpt) / ".metadata")) {
     DcpMetadata meta = read_dcp_metadata(megatron->dist_ckpt);
     meta.dir = view.real_path(megatron->dist_ckpt);
-    out.dcp = layouts::summarise_dcp_items(
-        std::move(meta), [](const std::string& fqn) { return !layouts::is_training_state(fqn); },
-        [&](const std::string& relative) { return is_mine(view.real_path(megatron->dist_ckpt) + "/" + relative); });
+    out.dcp = layouts::summarise_dcp_items(std::move(meta), [&](const std::string& relative) {
+      return is_mine(view.real_path(megatron->dist_ckpt) + "/" + relative);
+    });
   }
   return out;
 }

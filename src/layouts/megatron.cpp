@@ -16,6 +16,10 @@ bool is_training_state(const std::string& fqn) {
   return false;
 }
 
+bool merge_reads_items(const DcpMetadata& meta, const DcpTensor& t) {
+  return !is_training_state(t.fqn) && !meta.reformulated_shapes.count(t.fqn);
+}
+
 void check_sharded_backend(const std::string& dir) {
   const fs::path path = fs::path(dir) / "metadata.json";
   if (!fs::is_regular_file(path)) return;

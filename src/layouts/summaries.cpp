@@ -3,6 +3,7 @@
 #include <filesystem>
 
 #include "formats/hf_index.hpp"
+#include "layouts/megatron.hpp"
 #include "shardmerge/error.hpp"
 #include "util/file.hpp"
 #include "util/file_stamp.hpp"
@@ -66,17 +67,16 @@ AdapterSummary summarise_adapter(const std::string& dir) {
   return out;
 }
 
-DcpSummary summarise_dcp(const std::string& dir, const std::function<bool(const std::string& fqn)>& wanted) {
-  return summarise_dcp_items(read_dcp_metadata(dir), wanted, [](const std::string&) { return true; });
+DcpSummary summarise_dcp(const std::string& dir) {
+  return summarise_dcp_items(read_dcp_metadata(dir), [](const std::string&) { return true; });
 }
 
-DcpSummary summarise_dcp_items(DcpMetadata metadata, const std::function<bool(const std::string& fqn)>& wanted,
-                               const std::function<bool(const std::string& relative_path)>& in_file) {
+DcpSummary summarise_dcp_items(DcpMetadata metadata, const std::function<bool(const std::string& relative_path)>& in_file) {
   DcpSummary out;
   out.metadata = std::move(metadata);
   const DcpMetadata& meta = out.metadata;
   for (const DcpTensor& t : meta.tensors) {
-    if (!wanted(t.fqn) || meta.reformulated_shapes.count(t.fqn)) continue;
+    if (!merge_reads_items(meta, t)) continue;
     for (const DcpChunk& c : t.chunks) {
       if (!in_file(c.relative_path)) continue;
       const bool stored = c.transforms.empty();

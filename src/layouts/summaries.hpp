@@ -78,12 +78,10 @@ SafetensorsSummary summarise_safetensors_file(const std::string& path);
 // Validates the index against the headers (missing shards, names in two files).
 HfWeightsSummary summarise_hf_weights(const std::string& dir);
 AdapterSummary summarise_adapter(const std::string& dir);
-// Reads the items of the chunks of tensors for which `wanted(fqn)` holds and that are stored
-// as the model saved them (not N-D reformulated).
-DcpSummary summarise_dcp(const std::string& dir, const std::function<bool(const std::string& fqn)>& wanted);
+// Reads the items of the chunks of the tensors a merge reads (megatron.hpp, merge_reads_items).
+DcpSummary summarise_dcp(const std::string& dir);
 // The same over metadata already read (metadata.dir: where its .distcp files are), for the chunks
 // in the files `in_file` accepts (relative paths): a node summarises the files it holds.
-DcpSummary summarise_dcp_items(DcpMetadata metadata, const std::function<bool(const std::string& fqn)>& wanted,
-                               const std::function<bool(const std::string& relative_path)>& in_file);
+DcpSummary summarise_dcp_items(DcpMetadata metadata, const std::function<bool(const std::string& relative_path)>& in_file);
 
 }  // namespace shardmerge::layouts

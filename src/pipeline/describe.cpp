@@ -21,14 +21,13 @@ SourceSet describe_fsdp(const layouts::FsdpRole& role, const layouts::GatheredSu
 
 SourceSet describe_megatron_dist(const std::string& dir, const layouts::GatheredSummaries* gathered) {
   layouts::check_sharded_backend(dir);
-  auto wanted = [](const std::string& fqn) { return !layouts::is_training_state(fqn); };
-  if (!gathered) return combine_megatron_dist(layouts::summarise_dcp(dir, wanted));
+  if (!gathered) return combine_megatron_dist(layouts::summarise_dcp(dir));
   // The .metadata from the view, the items from the processes holding each .distcp file.
   layouts::DcpSummary dcp = gathered->dcp;
   dcp.metadata = read_dcp_metadata(dir);
   dcp.metadata.dir = gathered->view->real_path(dir);
   for (const DcpTensor& t : dcp.metadata.tensors) {
-    if (!wanted(t.fqn) || dcp.metadata.reformulated_shapes.count(t.fqn)) continue;
+    if (!layouts::merge_reads_items(dcp.metadata, t)) continue;
     for (const DcpChunk& c : t.chunks)
       if (!(c.transforms.empty() ? dcp.stored_items : dcp.compressed_items).count({c.relative_path, c.offset}))
         throw Error("no process holds this file, which .metadata says holds tensor " + t.fqn)
