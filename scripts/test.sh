@@ -22,9 +22,11 @@ cmake -S . -B "$ASAN_DIR" -DCMAKE_BUILD_TYPE=Debug -DCMAKE_CXX_FLAGS_DEBUG="-O1 
   -DCMAKE_CXX_FLAGS="-fno-omit-frame-pointer $sanitize" -DCMAKE_EXE_LINKER_FLAGS="$sanitize" -DSHARDMERGE_CUDA=OFF >/dev/null
 cmake --build "$ASAN_DIR" -j "$(nproc)" --target shardmerge_unit_tests
 # The executors count the process's resident memory against --memory-limit; ASan's default
-# 256 MiB quarantine of freed blocks would push it past the limits the tests use.
-ASAN_OPTIONS=quarantine_size_mb=32 SHARDMERGE_FIXTURES="$PWD/$BUILD_DIR/fixtures" \
-  "$ASAN_DIR/tests/shardmerge_unit_tests" --gtest_brief=1
+# 256 MiB quarantine of freed blocks would push it past the limits the tests use, and so would
+# what earlier suites left resident in one long process: one process per suite, two at a time.
+"$ASAN_DIR/tests/shardmerge_unit_tests" --gtest_list_tests | awk '/^[^ ]/ { print $1 "*" }' |
+  ASAN_OPTIONS=quarantine_size_mb=32 SHARDMERGE_FIXTURES="$PWD/$BUILD_DIR/fixtures" \
+  xargs -P 2 -I{} "$ASAN_DIR/tests/shardmerge_unit_tests" --gtest_brief=1 --gtest_filter={}
 
 if command -v clang++ >/dev/null; then
   FUZZ_DIR=$BUILD_DIR-fuzz
