@@ -33,11 +33,18 @@ else
   echo "gpu_check: NO GPU PRESENT ($why): the GPU tests will skip and the GPU steps will not run" | tee "$OUT/gpu.txt"
 fi
 
-# cuBLAS is loaded at run time (kernels/cublas_api.cpp): find it where the toolkit or a wheel put it.
-cublas=$(find /usr/local/cuda*/lib64 /usr/local/cuda*/targets/*/lib /usr/lib/x86_64-linux-gnu /opt \
-  -name 'libcublas.so.1[0-9]*' 2>/dev/null | head -1)
-export LD_LIBRARY_PATH="$PWD/$BUILD_DIR/lib${cublas:+:$(dirname "$cublas")}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-echo "gpu_check: cuBLAS ${cublas:-not found}"
+# cuBLAS and NCCL are loaded at run time (kernels/cublas_api.cpp, src/exec/dist/nccl_api.cpp):
+# find them where the toolkit or a wheel put them.
+find_lib() {
+  find /usr/local/cuda*/lib64 /usr/local/cuda*/targets/*/lib /usr/lib/x86_64-linux-gnu /opt -name "$1" 2>/dev/null | head -1
+}
+cublas=$(find_lib 'libcublas.so.1[0-9]*')
+nccl=$(find_lib 'libnccl.so.2*')
+for lib in "$cublas" "$nccl"; do
+  [ -n "$lib" ] && LD_LIBRARY_PATH="$(dirname "$lib")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+done
+export LD_LIBRARY_PATH="$PWD/$BUILD_DIR/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+echo "gpu_check: cuBLAS ${cublas:-not found}; NCCL ${nccl:-not found}"
 
 build_rc=0
 if [ -x "$BUILD_DIR/shardmerge" ] && [ ! -f "$BUILD_DIR/CMakeCache.txt" ]; then

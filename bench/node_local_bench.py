@@ -8,10 +8,11 @@
 
 It prints, per row: median wall seconds (launcher included: mpirun and unshare start in about
 0.3-0.4 s here), median merge seconds (the processes' own figure, from planning to commit),
-throughput (output bytes per merge second), the source bytes moved between processes over MPI
-(the slices an output file needs from another node), and the merge-time ratio to (a).
+throughput (output bytes per merge second), the source bytes moved between processes (the slices
+an output file needs from another node) and what moved them (MPI, or NCCL between GPUs:
+--transport), and the merge-time ratio to (a).
 On one machine every "node" shares the same disk, page cache and cores, so this measures the
-overhead of the node-local path (summaries all-gathered, slices moved over MPI), not the
+overhead of the node-local path (summaries all-gathered, slices moved between processes), not the
 scale-out of N real nodes; the README sizes that on paper.
 
 Rank files are hard links into one generated checkpoint (no copies). Needs root (mount) and
@@ -68,6 +69,8 @@ def main():
     ap.add_argument("--dtype", default="float32", choices=["bfloat16", "float32"])
     ap.add_argument("--processes", type=int, nargs="+", default=[1, 2, 4])
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--transport", default="auto", choices=["auto", "mpi", "nccl"],
+                    help="what moves the slices between the processes (merge --transport)")
     ap.add_argument("--max-shard-size", default="200MB", help="output file size: several files, so that several processes write")
     ap.add_argument("--workdir", default="/tmp/shardmerge-node-local-bench",
                     help="the checkpoint is kept here for reruns; delete it when done")
@@ -90,7 +93,7 @@ def main():
         actor = workdir / f"nodes{n}" / "actor"
         mount = f'mount --bind "{actor.parent}/node$OMPI_COMM_WORLD_RANK" "{actor}"'
         merge = (f"'{shardmerge}' merge --local_dir '{actor}' --target_dir '{target}' --json "
-                 f"--max-shard-size {args.max_shard_size}")
+                 f"--max-shard-size {args.max_shard_size} --transport {args.transport}")
         return timed_json(["mpirun", "--oversubscribe", "--bind-to", "none", "-np", str(n), "unshare", "-m", "sh", "-c",
                            f"{mount} && exec {merge}"], env=dict(os.environ, **MPI_ENV))
 
@@ -101,7 +104,7 @@ def main():
         rows[f"node-local, {n} process{'es' if n > 1 else ''}"] = (lambda n=n: node_local(n), [])
 
     out_bytes = 0
-    sent = {}
+    sent, planes = {}, {}
     merge_times = {name: [] for name in rows}
     for _ in range(args.rounds):
         for name, (job, times) in rows.items():
@@ -112,16 +115,17 @@ def main():
             merge_times[name].append(summary["seconds"])
             out_bytes = sum(p.stat().st_size for p in target.rglob("*") if p.is_file())
             sent[name] = summary.get("bytes_sent_between_processes", 0)
+            planes[name] = summary.get("data_plane", "none")
     shutil.rmtree(target, ignore_errors=True)
 
     print(f"\n{args.model} W={args.world_size} {args.dtype}: {fmt_bytes(in_bytes)} in, {fmt_bytes(out_bytes)} out; "
           f"median of {args.rounds} rounds, warm page cache, {os.cpu_count()} cores")
     base = statistics.median(merge_times["shared dir, 1 process"])
-    print(f"{'job':<28}{'wall s':>8}{'merge s':>9}{'GB/s out':>10}{'sent between':>15}{'ratio':>8}")
+    print(f"{'job':<28}{'wall s':>8}{'merge s':>9}{'GB/s out':>10}{'sent between':>15}{'over':>6}{'ratio':>8}")
     for name, (_, times) in rows.items():
         t = statistics.median(merge_times[name])
         print(f"{name:<28}{statistics.median(times):>8.2f}{t:>9.2f}{out_bytes / t / 1e9:>10.2f}"
-              f"{fmt_bytes(sent[name]):>15}{t / base:>8.2f}")
+              f"{fmt_bytes(sent[name]):>15}{planes[name]:>6}{t / base:>8.2f}")
     for n in args.processes:
         shutil.rmtree(workdir / f"nodes{n}", ignore_errors=True)
 
