@@ -15,7 +15,7 @@ endif()
 
 set(allowed_shardmerge shardmerge)
 set(allowed_util util shardmerge)
-set(allowed_kernels kernels shardmerge)
+set(allowed_kernels kernels util shardmerge)
 set(allowed_formats formats util shardmerge)
 # Sharding arithmetic (torch.chunk, DTensor placements to slices, tiling) shared by the layouts
 # combine step and the planner.

@@ -3,11 +3,10 @@
 #include <dlfcn.h>
 
 #include <cstdlib>
-#include <exception>
-#include <mutex>
 #include <string>
 
 #include "shardmerge/error.hpp"
+#include "util/loaded_library.hpp"
 
 namespace shardmerge {
 namespace {
@@ -45,19 +44,6 @@ SgemmFn load() {
 
 }  // namespace
 
-SgemmFn blas_sgemm() {
-  static std::once_flag once;
-  static SgemmFn sgemm = nullptr;
-  static std::exception_ptr failure;
-  std::call_once(once, [] {
-    try {
-      sgemm = load();
-    } catch (...) {
-      failure = std::current_exception();
-    }
-  });
-  if (failure) std::rethrow_exception(failure);
-  return sgemm;
-}
+SgemmFn blas_sgemm() { return load_once<load>(); }
 
 }  // namespace shardmerge
