@@ -51,7 +51,7 @@ class ThreadLink final : public dist::PeerLink {
       const std::span<const char> from = fabric_.posted[static_cast<size_t>(p)][static_cast<size_t>(rank_)];
       const std::span<char> to = recv[static_cast<size_t>(p)];
       if (from.size() != to.size()) ++fabric_.mismatches;
-      std::memcpy(to.data(), from.data(), std::min(from.size(), to.size()));
+      if (const size_t n = std::min(from.size(), to.size())) std::memcpy(to.data(), from.data(), n);
     }
     fabric_.barrier.arrive_and_wait();
   }
