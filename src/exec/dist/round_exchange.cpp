@@ -110,11 +110,6 @@ uint64_t RoundExchange::bytes_served() const {
   return served_;
 }
 
-uint64_t RoundExchange::rounds() const {
-  std::lock_guard<std::mutex> lock(mutex_);
-  return rounds_;
-}
-
 void RoundExchange::begin_serving(Serve serve) {
   if (thread_.joinable()) throw Error("the " + name() + " data plane is serving already");
   serve_ = std::move(serve);
@@ -282,7 +277,6 @@ RoundExchange::RoundResult RoundExchange::round() {
   {
     std::lock_guard<std::mutex> lock(mutex_);
     served_ += served.bytes;
-    ++rounds_;
   }
   finish(asked, status_in, data_in, text_in);
   return RoundResult::Moved;

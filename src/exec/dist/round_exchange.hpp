@@ -64,7 +64,6 @@ class RoundExchange final : public DataPlane {
   void end_serving() override;
   uint64_t bytes_served() const override;
   std::string name() const override { return link_->name(); }
-  uint64_t rounds() const;
 
  private:
   struct Read;  // one call of read(): its pieces left, its failure
@@ -96,7 +95,6 @@ class RoundExchange final : public DataPlane {
   bool serving_ = false;
   bool ending_ = false;
   uint64_t served_ = 0;
-  uint64_t rounds_ = 0;
 };
 
 }  // namespace shardmerge::dist
