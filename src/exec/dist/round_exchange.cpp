@@ -20,17 +20,18 @@ struct WireRequest {
   uint64_t n;
 };
 
-template <typename T>
-std::vector<std::span<const char>> bytes_of(const std::vector<std::vector<T>>& per_peer) {
+// The bytes of each peer's container (a vector of records, a string), as all_to_all takes them.
+template <typename Container>
+std::vector<std::span<const char>> bytes_of(const std::vector<Container>& per_peer) {
   std::vector<std::span<const char>> out;
-  for (const auto& v : per_peer) out.emplace_back(reinterpret_cast<const char*>(v.data()), v.size() * sizeof(T));
+  for (const auto& v : per_peer) out.emplace_back(reinterpret_cast<const char*>(v.data()), v.size() * sizeof(*v.data()));
   return out;
 }
 
-template <typename T>
-std::vector<std::span<char>> writable_bytes_of(std::vector<std::vector<T>>& per_peer) {
+template <typename Container>
+std::vector<std::span<char>> writable_bytes_of(std::vector<Container>& per_peer) {
   std::vector<std::span<char>> out;
-  for (auto& v : per_peer) out.emplace_back(reinterpret_cast<char*>(v.data()), v.size() * sizeof(T));
+  for (auto& v : per_peer) out.emplace_back(reinterpret_cast<char*>(v.data()), v.size() * sizeof(*v.data()));
   return out;
 }
 
@@ -40,6 +41,7 @@ constexpr unsigned kServingThreads = 4;
 
 struct ServedRound {
   std::vector<std::vector<std::string>> errors;  // per asking process, per request: empty, or why not
+  std::vector<std::span<const char>> data;       // per asking process: its requests' bytes in `send`
   uint64_t bytes = 0;                            // read and sent
 };
 
@@ -56,11 +58,13 @@ ServedRound serve_requests(const DataPlane::Serve& serve, const std::vector<std:
   std::vector<Job> jobs;
   uint64_t at = 0;
   for (size_t r = 0; r < asked.size(); ++r) {
+    const uint64_t start = at;
     served.errors[r].resize(asked[r].size());
     for (size_t i = 0; i < asked[r].size(); ++i) {
       jobs.push_back(Job{&asked[r][i], send + at, &served.errors[r][i]});
       at += asked[r][i].n;
     }
+    served.data.emplace_back(send + start, at - start);
   }
   std::atomic<size_t> next{0};
   std::atomic<uint64_t> bytes{0};
@@ -237,18 +241,11 @@ RoundExchange::RoundResult RoundExchange::round() {
   const ServedRound served = serve_requests(serve_, requests_in, send);
   std::vector<std::vector<uint32_t>> status_out(peers), status_in(peers);
   std::vector<std::string> text_out(peers), text_in(peers);
-  std::vector<std::span<const char>> data_out(peers);
-  uint64_t cursor = 0;
-  for (size_t r = 0; r < peers; ++r) {
-    const uint64_t start = cursor;
-    for (size_t i = 0; i < requests_in[r].size(); ++i) {
-      const std::string& error = served.errors[r][i];
+  for (size_t r = 0; r < peers; ++r)
+    for (const std::string& error : served.errors[r]) {
       status_out[r].push_back(static_cast<uint32_t>(error.size()));
       text_out[r] += error;
-      cursor += requests_in[r][i].n;
     }
-    data_out[r] = std::span<const char>(send + start, cursor - start);
-  }
   for (size_t p = 0; p < peers; ++p) status_in[p].resize(asked[p].size());
   link_->all_to_all(bytes_of(status_out), writable_bytes_of(status_in));
 
@@ -258,7 +255,7 @@ RoundExchange::RoundResult RoundExchange::round() {
     for (const Piece& piece : a) expected += piece.n;
   char* recv = link_->host_buffer(1, expected);
   std::vector<std::span<char>> data_in(peers);
-  cursor = 0;
+  uint64_t cursor = 0;
   for (size_t p = 0; p < peers; ++p) {
     const uint64_t start = cursor;
     uint64_t text = 0;
@@ -266,14 +263,8 @@ RoundExchange::RoundResult RoundExchange::round() {
     data_in[p] = std::span<char>(recv + start, cursor - start);
     text_in[p].resize(text);
   }
-  link_->all_to_all(data_out, data_in);
-  std::vector<std::span<const char>> texts_out;
-  std::vector<std::span<char>> texts_in;
-  for (size_t p = 0; p < peers; ++p) {
-    texts_out.emplace_back(text_out[p].data(), text_out[p].size());
-    texts_in.emplace_back(text_in[p].data(), text_in[p].size());
-  }
-  link_->all_to_all(texts_out, texts_in);
+  link_->all_to_all(served.data, data_in);
+  link_->all_to_all(bytes_of(text_out), writable_bytes_of(text_in));
   {
     std::lock_guard<std::mutex> lock(mutex_);
     served_ += served.bytes;
