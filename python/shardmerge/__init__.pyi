@@ -32,6 +32,7 @@ def plan(
     is_value_model: bool = False,
     role: str = "actor",
     hf_model_path: Optional[_Path] = None,
+    runtime_names: bool = False,
 ) -> dict[str, Any]: ...
 def merge(
     local_dir: _Path,
@@ -47,6 +48,7 @@ def merge(
     is_value_model: bool = False,
     role: str = "actor",
     hf_model_path: Optional[_Path] = None,
+    runtime_names: bool = False,
     threads: Optional[int] = None,
     memory_limit: _Size = "512MiB",
     device: str = "cpu",
@@ -104,4 +106,5 @@ def verify(
     is_value_model: bool = False,
     role: str = "actor",
     hf_model_path: Optional[_Path] = None,
+    runtime_names: bool = False,
 ) -> dict[str, Any]: ...

@@ -33,7 +33,8 @@ def _size(name: str, value: Union[str, int]) -> str:
 
 def _merge_options(local_dir: PathLike, backend: str, dtype: str, max_shard_size: Union[str, int], lora: str,
                    lora_alpha: Optional[float], force_lora_alpha: bool, tie_word_embedding: bool,
-                   is_value_model: bool, role: str, hf_model_path: Optional[PathLike]) -> _core.MergeOptions:
+                   is_value_model: bool, role: str, hf_model_path: Optional[PathLike],
+                   runtime_names: bool = False) -> _core.MergeOptions:
     o = _core.MergeOptions()
     o.local_dir = os.fspath(local_dir)
     o.backend = backend
@@ -49,6 +50,7 @@ def _merge_options(local_dir: PathLike, backend: str, dtype: str, max_shard_size
     o.is_value_model = is_value_model
     o.role = role
     o.hf_model_path = "" if hf_model_path is None else os.fspath(hf_model_path)
+    o.runtime_names = runtime_names
     return o
 
 
@@ -62,18 +64,18 @@ def inspect(path: PathLike, *, tensors: bool = False) -> dict[str, Any]:
 def plan(local_dir: PathLike, *, out: Optional[PathLike] = None, backend: str = "auto", dtype: str = "default",
          max_shard_size: Union[str, int] = "5GB", lora: str = "fold", lora_alpha: Optional[float] = None,
          force_lora_alpha: bool = False, tie_word_embedding: bool = False, is_value_model: bool = False,
-         role: str = "actor", hf_model_path: Optional[PathLike] = None) -> dict[str, Any]:
+         role: str = "actor", hf_model_path: Optional[PathLike] = None, runtime_names: bool = False) -> dict[str, Any]:
     """The merge plan (`shardmerge plan --json`): every output tensor and the source byte ranges
     it is made of. out: also write it there as a plan file for `shardmerge merge --plan`."""
     o = _merge_options(local_dir, backend, dtype, max_shard_size, lora, lora_alpha, force_lora_alpha,
-                       tie_word_embedding, is_value_model, role, hf_model_path)
+                       tie_word_embedding, is_value_model, role, hf_model_path, runtime_names)
     return json.loads(_core.plan(o, "" if out is None else os.fspath(out)))
 
 
 def merge(local_dir: PathLike, target_dir: PathLike, *, backend: str = "auto", dtype: str = "default",
           max_shard_size: Union[str, int] = "5GB", lora: str = "fold", lora_alpha: Optional[float] = None,
           force_lora_alpha: bool = False, tie_word_embedding: bool = False, is_value_model: bool = False,
-          role: str = "actor", hf_model_path: Optional[PathLike] = None, threads: Optional[int] = None,
+          role: str = "actor", hf_model_path: Optional[PathLike] = None, runtime_names: bool = False, threads: Optional[int] = None,
           memory_limit: Union[str, int] = "512MiB", device: str = "cpu", gpu_memory: Union[str, int] = "auto",
           verify: bool = False, force: bool = False, check_crc: bool = True, distributed: bool = False,
           transport: str = "auto", progress: Optional[Callable[[int, int], Any]] = None) -> Optional[dict[str, Any]]:
@@ -97,7 +99,7 @@ def merge(local_dir: PathLike, target_dir: PathLike, *, backend: str = "auto", d
     w.transport = transport
     job = _core.MergeJob.merge(_merge_options(local_dir, backend, dtype, max_shard_size, lora, lora_alpha,
                                               force_lora_alpha, tie_word_embedding, is_value_model, role,
-                                              hf_model_path), w)
+                                              hf_model_path, runtime_names), w)
     return _wait(job, progress)
 
 
@@ -185,11 +187,11 @@ def verify(local_dir: PathLike, test_hf_dir: PathLike, *, atol: float = 0.0, bac
            dtype: str = "default", max_shard_size: Union[str, int] = "5GB", lora: str = "fold",
            lora_alpha: Optional[float] = None, force_lora_alpha: bool = False, tie_word_embedding: bool = False,
            is_value_model: bool = False, role: str = "actor",
-           hf_model_path: Optional[PathLike] = None) -> dict[str, Any]:
+           hf_model_path: Optional[PathLike] = None, runtime_names: bool = False) -> dict[str, Any]:
     """Whether `test_hf_dir` holds exactly the merge of `local_dir` with these options
     (`shardmerge verify --json`): every element compared with the checkpoint assembled
     independently of the merge plan. A difference is reported (result["equal"] is False), not
     raised. atol: floating-point differences accepted (0: bitwise)."""
     o = _merge_options(local_dir, backend, dtype, max_shard_size, lora, lora_alpha, force_lora_alpha,
-                       tie_word_embedding, is_value_model, role, hf_model_path)
+                       tie_word_embedding, is_value_model, role, hf_model_path, runtime_names)
     return json.loads(_core.verify(o, os.fspath(test_hf_dir), float(atol)))

@@ -15,6 +15,7 @@
 #include "pipeline/describe.hpp"
 #include "plan/lora.hpp"
 #include "plan/peft_names.hpp"
+#include "plan/saved_names.hpp"
 #include "geometry/sharding.hpp"
 #include "shardmerge/error.hpp"
 
@@ -118,6 +119,19 @@ void fsdp_report(const layouts::FsdpRole& role, bool with_tensors, json& j, std:
       warnings.push_back(e.what());
     }
     if (!split.lora.empty()) j["lora"] = describe_lora(split, cfg);
+    // Which names the merge writes: the model class's saved names (plan/saved_names.hpp).
+    if (role.huggingface && role.huggingface->has_config)
+      if (const SavedNameClass* row = saved_name_class(role.huggingface->config)) {
+        json names;
+        names["class"] = std::string(row->architecture);
+        names["model_type"] = std::string(row->model_type);
+        names["conversion"] = row->rules && row->rules->converts() ? json(std::string(row->rules->family)) : json(nullptr);
+        names["refused"] = row->rules && row->rules->refused;
+        j["saved_names"] = std::move(names);
+        if (row->rules && row->rules->refused)
+          warnings.push_back("transformers converts " + std::string(row->architecture) +
+                             "'s names on save in ways shardmerge does not reproduce: merge needs --keep-runtime-names");
+      }
     if (with_tensors) j["tensor_list"] = tensors_json(set);
   } catch (const Error& e) {
     warnings.push_back(std::string("cannot be merged as is: ") + e.what());

@@ -63,6 +63,7 @@ MergeRequest to_request(const MergeOptions& o) {
   r.force_lora_alpha = o.force_lora_alpha;
   r.tie_word_embedding = o.tie_word_embedding;
   r.is_value_model = o.is_value_model;
+  r.runtime_names = o.runtime_names;
   return r;
 }
 
@@ -89,7 +90,8 @@ nlohmann::ordered_json planning_options_json(const MergeOptions& o) {
           {"force_lora_alpha", o.force_lora_alpha},
           {"tie_word_embedding", o.tie_word_embedding},
           {"is_value_model", o.is_value_model},
-          {"hf_model_path", o.hf_model_path}};
+          {"hf_model_path", o.hf_model_path},
+          {"runtime_names", o.runtime_names}};
 }
 
 }  // namespace shardmerge::api

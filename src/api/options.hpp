@@ -25,6 +25,7 @@ struct MergeOptions {
   bool is_value_model = false;
   std::string role = "actor";
   std::string hf_model_path;
+  bool runtime_names = false;  // keep the rank files' run-time names (no save-time conversion)
 };
 
 inline const std::vector<std::string> kBackendChoices = {"auto", "fsdp", "megatron"};

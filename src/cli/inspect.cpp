@@ -58,6 +58,13 @@ void print_human(const json& j) {
       for (const auto& l : value) print_entry("lora", l, 2);
       continue;
     }
+    if (key == "saved_names") {
+      const std::string how = value["conversion"].is_string() ? value["conversion"].get<std::string>()
+                              : value["refused"].get<bool>() ? std::string("refused (--keep-runtime-names)")
+                                                             : std::string("as at run time");
+      print_entry("saved names", how + " [" + value["class"].get<std::string>() + "]", 2);
+      continue;
+    }
     if (key == "steps") {
       std::string s;
       for (const auto& st : value) s += (s.empty() ? "" : ", ") + std::to_string(st["step"].get<int64_t>());

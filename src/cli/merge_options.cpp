@@ -29,6 +29,9 @@ void add_merge_options(CLI::App* cmd, MergeCliOptions& cli) {
   cmd->add_option("--hf_model_path,--hf-model-path", o.hf_model_path,
                   "HF directory to take config.json and tokenizer from when the checkpoint has none (or to override "
                   "it); default: the checkpoint's own huggingface/");
+  cmd->add_flag("--keep-runtime-names,--keep_runtime_names", o.runtime_names,
+                "Write FSDP rank files' tensors under transformers' run-time names (fused MoE experts, "
+                "model.language_model.*) instead of the names the model's save_pretrained writes");
   cmd->add_option("--role", o.role, "Role to take from a run or step root");
   cmd->add_flag("-v,--verbose", cli.verbose,
                 "More detail: merge prints its phase timings and every output tensor, verify every tensor it "

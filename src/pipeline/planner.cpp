@@ -1,6 +1,7 @@
 #include "pipeline/planner.hpp"
 
 #include <algorithm>
+#include <deque>
 #include <filesystem>
 #include <span>
 
@@ -87,6 +88,48 @@ void check_given_config(const std::optional<layouts::HfTree>& given, const std::
                                  weights);
 }
 
+// Which save-time conversion turns the rank files' run-time names into what the model's
+// save_pretrained writes (nullptr: none). A class the table refuses, or one it does not know
+// whose names look like run-time-only ones, is an error rather than a silent copy.
+const SavedNameRules* fsdp_saved_names(const MergeRequest& req, const layouts::HfTree* hf, const PeftSplit& split,
+                                       std::string& class_name, std::vector<std::string>& notes) {
+  if (req.runtime_names) {
+    notes.push_back("--keep-runtime-names: tensors keep the rank files' run-time names (transformers >= 5 loads them; "
+                    "save_pretrained would write other names for some models)");
+    return nullptr;
+  }
+  const nlohmann::ordered_json no_config;
+  const nlohmann::ordered_json& config = hf && hf->has_config ? hf->config : no_config;
+  const std::string config_file = hf ? (std::filesystem::path(hf->path) / "config.json").string() : std::string();
+  const SavedNameClass* row = saved_name_class(config);
+  if (row) class_name = std::string(row->architecture);
+  if (row && row->rules && row->rules->refused)
+    throw Error("model class " + std::string(row->architecture) + " (model_type " + std::string(row->model_type) +
+                "): transformers converts its tensor names on save in ways shardmerge does not reproduce; "
+                "--keep-runtime-names writes the run-time names (which only transformers >= 5 loads)")
+        .file(config_file);
+  if (row && row->rules && row->rules->converts()) {
+    notes.push_back("tensor names as " + class_name + "'s save_pretrained writes them: " + std::string(row->rules->family) +
+                    " (--keep-runtime-names keeps the run-time names)");
+    return row->rules;
+  }
+  if (row) return nullptr;
+  std::vector<std::string> runtime_only;
+  for (const auto& [name, tensor] : split.base)
+    if (looks_like_runtime_name(name, tensor->shape)) runtime_only.push_back(name);
+  if (runtime_only.empty()) return nullptr;
+  std::string keys;
+  for (size_t i = 0; i < runtime_only.size() && i < 3; ++i) keys += (i ? ", " : "") + runtime_only[i];
+  const std::string arch = config.contains("architectures") && config["architectures"].is_array() &&
+                                   !config["architectures"].empty()
+                               ? config["architectures"][0].dump()
+                               : std::string("(no architectures in config.json)");
+  throw Error("the rank files hold transformers run-time names (" + keys + (runtime_only.size() > 3 ? ", ..." : "") +
+              ") and shardmerge has no save-time name table for model class " + arch +
+              ": the names save_pretrained writes are unknown; --keep-runtime-names writes them as they are")
+      .file(config_file.empty() ? req.local_dir : config_file);
+}
+
 PlannedMerge plan_fsdp(const MergeRequest& req, const layouts::FsdpRole& role, std::vector<std::string> notes) {
   PlannedMerge out;
   out.role_dir = role.path;
@@ -107,9 +150,14 @@ PlannedMerge plan_fsdp(const MergeRequest& req, const layouts::FsdpRole& role, s
     notes.push_back("--tie-word-embedding is ignored for FSDP (as verl's merger does): config.json does not tie the "
                     "embeddings, so a saved lm_head.weight is a trained matrix of its own and is kept");
   if (req.is_value_model) notes.push_back("--is-value-model only changes Megatron merges; FSDP value heads are written as saved");
-  out.plan = finish_plan(out.sources, role.path,
-                         make_model_groups({&split, req.lora, lora_config, req.lora_alpha, tied, req.force_lora_alpha}),
-                         hf, std::move(notes), req.output);
+  ModelGroups groups = make_model_groups({&split, req.lora, lora_config, req.lora_alpha, tied, req.force_lora_alpha});
+  out.saved_names = fsdp_saved_names(req, hf, split, out.saved_names_class, notes);
+  std::deque<SourceTensor> expert_parts;  // what the plan's per-expert tensors are cut from, until it is built
+  if (out.saved_names) {
+    apply_saved_names(groups.model, *out.saved_names, expert_parts);
+    if (groups.unfolded) apply_saved_names(*groups.unfolded, *out.saved_names, expert_parts);
+  }
+  out.plan = finish_plan(out.sources, role.path, std::move(groups), hf, std::move(notes), req.output);
   return out;
 }
 

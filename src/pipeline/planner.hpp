@@ -10,6 +10,7 @@
 #include "layouts/node_local.hpp"
 #include "plan/build.hpp"
 #include "plan/lora.hpp"
+#include "plan/saved_names.hpp"
 
 namespace shardmerge {
 
@@ -24,6 +25,9 @@ struct MergeRequest {
   bool tie_word_embedding = false;  // verl's flag: drop lm_head even if config.json does not say tied
   bool is_value_model = false;
   std::string hf_model_path;  // config/tokenizer source replacing the checkpoint's huggingface/
+  // FSDP rank files hold transformers' run-time names; by default they are written as the model's
+  // save_pretrained names them (plan/saved_names.hpp). True keeps the run-time names.
+  bool runtime_names = false;
   // A node-local multi-process merge: local_dir is a NodeLocalView's directory, and the data
   // files' summaries come from the processes that hold them.
   const layouts::GatheredSummaries* gathered = nullptr;
@@ -35,6 +39,10 @@ struct PlannedMerge {
   std::vector<std::string> lora_summary;  // for inspect
   SourceSet sources;                      // what the plan's slices point into
   std::vector<std::string> other_source_dirs;  // besides role_dir: never written into (fold-lora's base)
+  // The save-time name conversion the plan applied (FSDP rank files of a class that converts),
+  // and the model class it was chosen for; inspect and verify read it.
+  const SavedNameRules* saved_names = nullptr;
+  std::string saved_names_class;
 };
 
 PlannedMerge plan_merge(const MergeRequest& request);

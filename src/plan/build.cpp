@@ -1,5 +1,6 @@
 #include "plan/build.hpp"
 
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <set>
@@ -20,25 +21,49 @@ std::string shard_file_name(const std::string& stem, size_t index, size_t count)
 }
 
 // huggingface_hub's split_state_dict_into_shards_factory: greedy, in order; a tensor larger
-// than the limit gets a shard of its own and the current shard stays open.
-std::vector<std::vector<size_t>> split_into_shards(const std::vector<uint64_t>& sizes, uint64_t max_shard) {
+// than the limit gets a shard of its own and the current shard stays open. Tensors that share a
+// storage (`storage[i]`, non-null) follow the first of them, which counts the storage's bytes.
+using StorageKey = std::pair<const SourceTensor*, int64_t>;
+std::vector<std::vector<size_t>> split_into_shards(const std::vector<uint64_t>& sizes,
+                                                   const std::vector<StorageKey>& storage, uint64_t max_shard) {
+  std::map<StorageKey, uint64_t> storage_bytes;
+  for (size_t i = 0; i < sizes.size(); ++i)
+    if (storage[i].first) storage_bytes[storage[i]] += sizes[i];
+  std::map<StorageKey, size_t> storage_first;  // -> the first tensor's index
+  std::vector<size_t> followers;
   std::vector<std::vector<size_t>> shards;
   std::vector<size_t> current;
   uint64_t current_size = 0;
+  auto place_followers = [&] {
+    for (size_t i : followers) {
+      const size_t first = storage_first.at(storage[i]);
+      for (auto& shard : shards)
+        if (std::find(shard.begin(), shard.end(), first) != shard.end()) shard.push_back(i);
+    }
+  };
   for (size_t i = 0; i < sizes.size(); ++i) {
-    if (sizes[i] > max_shard) {
+    uint64_t size = sizes[i];
+    if (storage[i].first) {
+      if (!storage_first.try_emplace(storage[i], i).second) {
+        followers.push_back(i);
+        continue;
+      }
+      size = storage_bytes.at(storage[i]);
+    }
+    if (size > max_shard) {
       shards.push_back({i});
       continue;
     }
-    if (current_size + sizes[i] > max_shard && !current.empty()) {
+    if (current_size + size > max_shard && !current.empty()) {
       shards.push_back(std::move(current));
       current.clear();
       current_size = 0;
     }
     current.push_back(i);
-    current_size += sizes[i];
+    current_size += size;
   }
   if (!current.empty()) shards.push_back(std::move(current));
+  place_followers();
   return shards;
 }
 
@@ -137,6 +162,7 @@ MergePlan build_plan(const PlanInput& input, const OutputOptions& options) {
   for (const OutputGroup& group : input.groups) {
     std::vector<OutputTensor> outs;
     std::vector<uint64_t> sizes;
+    std::vector<StorageKey> storage;
     for (const PlannedTensor& p : group.tensors) {
       if (!names.insert(group.subdir + "/" + p.name).second)
         throw Error("two source tensors map to the same output name").tensor(p.name);
@@ -161,11 +187,12 @@ MergePlan build_plan(const PlanInput& input, const OutputOptions& options) {
       }
       t.nbytes = TensorDecl{t.name, t.dtype, t.shape}.nbytes();
       sizes.push_back(t.nbytes);
+      storage.push_back(p.storage);
       outs.push_back(std::move(t));
     }
     if (outs.empty()) continue;
 
-    const auto shards = split_into_shards(sizes, group.shard ? options.max_shard_size : UINT64_MAX);
+    const auto shards = split_into_shards(sizes, storage, group.shard ? options.max_shard_size : UINT64_MAX);
     const std::string prefix = group.subdir.empty() ? "" : group.subdir + "/";
     nlohmann::ordered_json weight_map = nlohmann::ordered_json::object();
     uint64_t total_size = 0, total_params = 0;

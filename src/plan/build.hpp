@@ -38,6 +38,11 @@ struct PlannedTensor {
   };
   std::optional<Fold> fold;
   bool keep_dtype = false;  // written in its source dtype whatever the policy (adapter tensors)
+  // Cut from part `storage.second` of this tensor together with others (per-expert parts of a
+  // fused tensor): save_pretrained holds a part's experts as views of one storage, and
+  // huggingface_hub's sharding keeps a storage's tensors in one shard, counting the storage once
+  // where its first tensor comes.
+  std::pair<const SourceTensor*, int64_t> storage = {nullptr, 0};
 };
 
 // A group of tensors written as one safetensors tree: the model (sharded, with an index) or

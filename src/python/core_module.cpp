@@ -163,7 +163,8 @@ NB_MODULE(_core, m) {
       .def_rw("tie_word_embedding", &api::MergeOptions::tie_word_embedding)
       .def_rw("is_value_model", &api::MergeOptions::is_value_model)
       .def_rw("role", &api::MergeOptions::role)
-      .def_rw("hf_model_path", &api::MergeOptions::hf_model_path);
+      .def_rw("hf_model_path", &api::MergeOptions::hf_model_path)
+      .def_rw("runtime_names", &api::MergeOptions::runtime_names);
 
   nb::class_<api::WriteOptions>(m, "WriteOptions")
       .def(nb::init<>())

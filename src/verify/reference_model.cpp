@@ -174,6 +174,32 @@ void map_peft_names(ReferenceModel& model, size_t adapter_begin) {
   }
 }
 
+void map_saved_names(ReferenceModel& model, const SavedNameRules& rules) {
+  std::map<std::string, SourceMap> saved;
+  for (auto& [runtime, map] : model.weights) {
+    for (const SavedPart& part : saved_parts(rules, runtime, map.shape)) {
+      if (part.drop == 0) {
+        saved[part.name] = map;
+        continue;
+      }
+      // Part j of expert e: source element (e, j*R + r, c) is output element (r, c).
+      SourceMap m = map;
+      m.lead.push_back(part.start[0]);
+      const int64_t row0 = part.start[1];
+      m.row = [row0](int64_t r) { return row0 + r; };
+      m.shape.assign(part.extent.begin() + 1, part.extent.end());
+      saved[part.name] = std::move(m);
+    }
+  }
+  model.weights = std::move(saved);
+  std::map<std::string, LoraPair> lora = model.lora;
+  for (const auto& [module, pair] : model.lora) {
+    const std::string weight = saved_parts(rules, module + ".weight", {}).front().name;
+    lora.emplace(weight.substr(0, weight.size() - 7), pair);
+  }
+  model.lora = std::move(lora);
+}
+
 void map_megatron_names(ReferenceModel& model, const nlohmann::ordered_json& config) {
   MegatronMapper(model, config).run();
 }

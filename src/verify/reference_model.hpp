@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "plan/saved_names.hpp"
 #include "verify/reference_assembly.hpp"
 
 namespace shardmerge {
@@ -39,6 +40,13 @@ struct ReferenceModel {
 // FSDP rank files, or HF weights (+ a PEFT adapter's tensors, named as saved): PEFT and FSDP
 // wrapper names resolved by plan/peft_names (names only, no arithmetic).
 void map_peft_names(ReferenceModel& model, size_t adapter_begin);
+
+// The save-time conversion the plan applied (plan/saved_names.hpp): the table says which names
+// and which expert/part each saved tensor is; the element maps (expert index as the leading
+// source index, the part's row offset) are written here, not taken from plan/regions. LoRA
+// modules stay reachable under their run-time path (the adapter keeps PEFT's names) and their
+// saved one (a fold targets the saved weight).
+void map_saved_names(ReferenceModel& model, const SavedNameRules& rules);
 
 // Megatron names (stacked or per layer) to HF names, with `config` the HF config.json.
 void map_megatron_names(ReferenceModel& model, const nlohmann::ordered_json& config);

@@ -427,6 +427,7 @@ ReferenceModel open_reference(const PlannedMerge& pm, std::shared_ptr<ScratchDir
   if (const auto* fsdp = std::get_if<layouts::FsdpRole>(&layout.info)) {
     model.sources = reference_from_fsdp(*fsdp);
     map_peft_names(model, model.sources.tensors.size());
+    if (pm.saved_names) map_saved_names(model, *pm.saved_names);
   } else if (const auto* adapter = std::get_if<layouts::PeftAdapter>(&layout.info)) {
     if (pm.other_source_dirs.empty()) throw Error("verify: a PEFT adapter without the base model it was folded into");
     reference_from_hf(model, pm.other_source_dirs.front(), adapter->path);

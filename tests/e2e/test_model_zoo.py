@@ -1,0 +1,141 @@
+"""Architectures whose FSDP rank files hold transformers 5's run-time names (fused MoE experts,
+VLM prefixes) merge into exactly what the model class's own `save_pretrained` writes: the same
+files (shards and index), tensor names, order, shapes, dtypes and bytes. The oracle is
+saved_pretrained/ in each zoo fixture, written by transformers itself (tests/fixtures/fx_fsdp.py),
+not by shardmerge's name table."""
+import json
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("safetensors")
+
+from e2e_util import hf_weight_files, st_header  # noqa: E402
+
+
+def merge_like_oracle(merged, fx, *extra):
+    # save_pretrained wrote fp32 (the models are fp32) sharded at 60KB
+    return merged(fx, "--dtype", "fp32", "--max-shard-size", "60KB", *extra)
+
+
+def files_and_bytes(d):
+    """{file: [(name, dtype, shape, bytes)]} in file order, and the index's weight_map if any."""
+    out = {}
+    for f in hf_weight_files(d):
+        header, meta, data_start = st_header(f)
+        raw = f.read_bytes()
+        rows = []
+        for name, e in sorted(header.items(), key=lambda kv: kv[1]["data_offsets"][0]):
+            a, b = e["data_offsets"]
+            rows.append((name, e["dtype"], e["shape"], raw[data_start + a:data_start + b]))
+        out[f.name] = (meta, rows)
+    index = d / "model.safetensors.index.json"
+    weight_map = json.loads(index.read_text())["weight_map"] if index.exists() else None
+    return out, weight_map
+
+
+def test_merge_equals_save_pretrained(zoo_fx, fixtures, merged):
+    out = merge_like_oracle(merged, zoo_fx)
+    got, got_map = files_and_bytes(out)
+    exp, exp_map = files_and_bytes(fixtures / zoo_fx["saved_pretrained"])
+    assert sorted(got) == sorted(exp), f"shard files {sorted(got)} vs save_pretrained's {sorted(exp)}"
+    assert got_map == exp_map, "model.safetensors.index.json weight_map differs from save_pretrained's"
+    for f in exp:
+        g_meta, g_rows = got[f]
+        e_meta, e_rows = exp[f]
+        assert g_meta == e_meta, f"{f}: __metadata__ {g_meta} vs {e_meta}"
+        assert [r[:3] for r in g_rows] == [r[:3] for r in e_rows], f"{f}: tensors (name, dtype, shape) differ"
+        bad = [r[0] for r, s in zip(g_rows, e_rows) if r[3] != s[3]]
+        assert not bad, f"{f}: bytes differ for {bad[:5]}"
+
+
+def test_transformers_loads_with_no_missing_keys(zoo_fx, fixtures, merged):
+    """The merge loads into its class with no missing or unexpected key and gives the logits of
+    the saved oracle."""
+    import transformers
+
+    out = merge_like_oracle(merged, zoo_fx)
+    cls = getattr(transformers, zoo_fx["architecture"])
+    model, info = cls.from_pretrained(out, output_loading_info=True, dtype=torch.float32)
+    assert not info["missing_keys"] and not info["unexpected_keys"], info
+    oracle = cls.from_pretrained(fixtures / zoo_fx["saved_pretrained"], dtype=torch.float32)
+    ids = torch.tensor([[1, 5, 17, 42, 99, 3]])
+    with torch.no_grad():
+        assert torch.equal(model(input_ids=ids).logits, oracle(input_ids=ids).logits)
+
+
+def test_keep_runtime_names_writes_the_rank_files_names(zoo_fx, fixtures, merged, run):
+    """--keep-runtime-names: the names, shapes and bytes of the gathered run-time state dict
+    (expected.safetensors, written by the training processes)."""
+    from safetensors.torch import load_file
+
+    out = merged(zoo_fx, "--dtype", "fp32", "--keep-runtime-names")
+    got = {}
+    for f in hf_weight_files(out):
+        got.update(load_file(str(f)))
+    exp = load_file(str(fixtures / zoo_fx["role_dir"] / ".." / ".." / "expected.safetensors"))
+    tied = set(exp) - set(got)
+    assert tied <= {"lm_head.weight"}, f"missing: {sorted(tied)}"
+    assert sorted(got) == sorted(set(exp) - tied)
+    for k, t in got.items():
+        assert torch.equal(t, exp[k]), k
+
+
+def test_verify_checks_the_converted_names(zoo_fx, fixtures, merged, run):
+    """verify (an independent assembly) accepts the saved-name merge and rejects one flipped
+    element of a per-expert or renamed tensor."""
+    out = merge_like_oracle(merged, zoo_fx)
+    role = fixtures / zoo_fx["role_dir"]
+    run("verify", "--local_dir", role, "--test_hf_dir", out, "--dtype", "fp32")
+    assert run("merge", "--local_dir", role, "--target_dir", out.parent / (out.name + "-v"), "--dtype", "fp32",
+               "--verify").returncode == 0
+    # one flipped byte in the last tensor of the last shard (a per-expert or renamed one)
+    import shutil
+
+    bad = out.parent / (out.name + "-flipped")
+    shutil.copytree(out, bad)
+    last = hf_weight_files(bad)[-1]
+    header, _, data_start = st_header(last)
+    name, entry = max(header.items(), key=lambda kv: kv[1]["data_offsets"][0])
+    raw = bytearray(last.read_bytes())
+    raw[data_start + entry["data_offsets"][0]] ^= 0x40
+    last.write_bytes(bytes(raw))
+    proc = run("verify", "--local_dir", role, "--test_hf_dir", bad, "--dtype", "fp32", check=False)
+    assert proc.returncode == 1 and name in proc.stdout + proc.stderr, (name, proc.stdout, proc.stderr)
+
+
+def test_inspect_names_the_conversion(zoo_fx, fixtures, run):
+    info = json.loads(run("inspect", fixtures / zoo_fx["role_dir"], "--json").stdout)
+    conv = info.get("saved_names")
+    assert conv is not None, f"inspect --json has no saved_names: {sorted(info)}"
+    assert conv["class"] == zoo_fx["architecture"]
+    if zoo_fx["model"] == "gpt_oss":
+        assert conv["conversion"] is None
+    else:
+        assert conv["conversion"]
+
+
+def test_unknown_class_with_runtime_names_is_refused(fixtures, run, tmp_path):
+    """A fused-expert checkpoint whose config names a class the table does not know: one line
+    naming the keys, exit 1, nothing written."""
+    import shutil
+
+    zoo = [f for f in json.loads((fixtures / "manifest.json").read_text())["fixtures"]
+           if f["kind"] == "fsdp_zoo" and f["model"] == "qwen3_moe" and f.get("status") == "ok"]
+    if not zoo:
+        pytest.skip("no qwen3_moe zoo fixture")
+    role = tmp_path / "actor"
+    shutil.copytree(fixtures / zoo[0]["role_dir"], role)
+    cfg_path = role / "huggingface" / "config.json"
+    cfg = json.loads(cfg_path.read_text())
+    cfg["architectures"] = ["SomeFutureMoeForCausalLM"]
+    cfg_path.write_text(json.dumps(cfg))
+    target = tmp_path / "out"
+    proc = run("merge", "--local_dir", role, "--target_dir", target, check=False)
+    assert proc.returncode == 1, proc.stderr
+    err = [l for l in proc.stderr.splitlines() if l.startswith("shardmerge: error")]
+    assert len(err) == 1 and "mlp.experts.gate_up_proj" in err[0] and "SomeFutureMoeForCausalLM" in err[0], proc.stderr
+    assert not target.exists()
+    # and the escape hatch writes the run-time names
+    run("merge", "--local_dir", role, "--target_dir", target, "--keep-runtime-names")
+    assert any("experts.gate_up_proj" in n for f in hf_weight_files(target) for n in st_header(f)[0])
