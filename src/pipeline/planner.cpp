@@ -92,24 +92,21 @@ void check_given_config(const std::optional<layouts::HfTree>& given, const std::
 // save_pretrained writes (nullptr: none). A class the table refuses, or one it does not know
 // whose names look like run-time-only ones, is an error rather than a silent copy.
 const SavedNameRules* fsdp_saved_names(const MergeRequest& req, const layouts::HfTree* hf, const PeftSplit& split,
-                                       std::string& class_name, std::vector<std::string>& notes) {
+                                       std::vector<std::string>& notes) {
   if (req.runtime_names) {
     notes.push_back("--keep-runtime-names: tensors keep the rank files' run-time names (transformers >= 5 loads them; "
                     "save_pretrained would write other names for some models)");
     return nullptr;
   }
-  const nlohmann::ordered_json no_config;
-  const nlohmann::ordered_json& config = hf && hf->has_config ? hf->config : no_config;
   const std::string config_file = hf ? (std::filesystem::path(hf->path) / "config.json").string() : std::string();
-  const SavedNameClass* row = saved_name_class(config);
-  if (row) class_name = std::string(row->architecture);
+  const SavedNameClass* row = hf && hf->has_config ? saved_name_class(hf->config) : nullptr;
   if (row && row->rules && row->rules->refused)
     throw Error("model class " + std::string(row->architecture) + " (model_type " + std::string(row->model_type) +
                 "): transformers converts its tensor names on save in ways shardmerge does not reproduce; "
                 "--keep-runtime-names writes the run-time names (which only transformers >= 5 loads)")
         .file(config_file);
   if (row && row->rules && row->rules->converts()) {
-    notes.push_back("tensor names as " + class_name + "'s save_pretrained writes them: " + std::string(row->rules->family) +
+    notes.push_back("tensor names as " + std::string(row->architecture) + "'s save_pretrained writes them: " + std::string(row->rules->family) +
                     " (--keep-runtime-names keeps the run-time names)");
     return row->rules;
   }
@@ -120,10 +117,8 @@ const SavedNameRules* fsdp_saved_names(const MergeRequest& req, const layouts::H
   if (runtime_only.empty()) return nullptr;
   std::string keys;
   for (size_t i = 0; i < runtime_only.size() && i < 3; ++i) keys += (i ? ", " : "") + runtime_only[i];
-  const std::string arch = config.contains("architectures") && config["architectures"].is_array() &&
-                                   !config["architectures"].empty()
-                               ? config["architectures"][0].dump()
-                               : std::string("(no architectures in config.json)");
+  const std::string arch = hf && !hf->architecture.empty() ? "\"" + hf->architecture + "\""
+                                                           : std::string("(no architectures in config.json)");
   throw Error("the rank files hold transformers run-time names (" + keys + (runtime_only.size() > 3 ? ", ..." : "") +
               ") and shardmerge has no save-time name table for model class " + arch +
               ": the names save_pretrained writes are unknown; --keep-runtime-names writes them as they are")
@@ -151,7 +146,7 @@ PlannedMerge plan_fsdp(const MergeRequest& req, const layouts::FsdpRole& role, s
                     "embeddings, so a saved lm_head.weight is a trained matrix of its own and is kept");
   if (req.is_value_model) notes.push_back("--is-value-model only changes Megatron merges; FSDP value heads are written as saved");
   ModelGroups groups = make_model_groups({&split, req.lora, lora_config, req.lora_alpha, tied, req.force_lora_alpha});
-  out.saved_names = fsdp_saved_names(req, hf, split, out.saved_names_class, notes);
+  out.saved_names = fsdp_saved_names(req, hf, split, notes);
   std::deque<SourceTensor> expert_parts;  // what the plan's per-expert tensors are cut from, until it is built
   if (out.saved_names) {
     apply_saved_names(groups.model, *out.saved_names, expert_parts);

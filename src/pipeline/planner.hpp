@@ -39,10 +39,9 @@ struct PlannedMerge {
   std::vector<std::string> lora_summary;  // for inspect
   SourceSet sources;                      // what the plan's slices point into
   std::vector<std::string> other_source_dirs;  // besides role_dir: never written into (fold-lora's base)
-  // The save-time name conversion the plan applied (FSDP rank files of a class that converts),
-  // and the model class it was chosen for; inspect and verify read it.
+  // The save-time name conversion the plan applied (FSDP rank files of a class that converts);
+  // verify reads it.
   const SavedNameRules* saved_names = nullptr;
-  std::string saved_names_class;
 };
 
 PlannedMerge plan_merge(const MergeRequest& request);

@@ -1,6 +1,5 @@
 #include "plan/build.hpp"
 
-#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <set>
@@ -34,12 +33,12 @@ std::vector<std::vector<size_t>> split_into_shards(const std::vector<uint64_t>& 
   std::vector<std::vector<size_t>> shards;
   std::vector<size_t> current;
   uint64_t current_size = 0;
+  // Each tensor's shard: a follower joins its storage's first tensor there.
   auto place_followers = [&] {
-    for (size_t i : followers) {
-      const size_t first = storage_first.at(storage[i]);
-      for (auto& shard : shards)
-        if (std::find(shard.begin(), shard.end(), first) != shard.end()) shard.push_back(i);
-    }
+    std::vector<size_t> shard_of(sizes.size());
+    for (size_t s = 0; s < shards.size(); ++s)
+      for (size_t i : shards[s]) shard_of[i] = s;
+    for (size_t i : followers) shards[shard_of[storage_first.at(storage[i])]].push_back(i);
   };
   for (size_t i = 0; i < sizes.size(); ++i) {
     uint64_t size = sizes[i];

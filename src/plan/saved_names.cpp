@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <cctype>
-#include <tuple>
 
 #include "plan/regions.hpp"
 #include "shardmerge/error.hpp"
@@ -68,7 +67,7 @@ std::string renamed(std::string name, const std::vector<NameRename>& renames) {
 
 }  // namespace
 
-const std::vector<SavedNameClass>& saved_name_classes() {
+static const std::vector<SavedNameClass>& saved_name_classes() {
   // One row per model class transformers 5.24 can build whose save converts names, or whose
   // run-time names look converted but are saved as they are (nullptr). Checked row by row
   // against transformers by SavedNames.AgreesWithTransformers.

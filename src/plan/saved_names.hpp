@@ -51,7 +51,6 @@ struct SavedNameClass {
   std::string_view model_type;
   const SavedNameRules* rules = nullptr;
 };
-const std::vector<SavedNameClass>& saved_name_classes();
 
 // The table row for a config.json: by `architectures[0]`, else by `model_type`; nullptr when
 // the table has no row (the class converts nothing, as far as transformers 5.24 says).
