@@ -121,6 +121,13 @@ ModelGroups make_model_groups(const ModelGroupsInput& in) {
   const bool fold = has_lora && (in.mode == LoraMode::Fold || in.mode == LoraMode::Both);
   const bool export_adapter = has_lora && (in.mode == LoraMode::Adapter || in.mode == LoraMode::Both);
 
+  // verl's save_lora_only: the adapter alone. There is nothing to fold into and nothing to keep.
+  if (has_lora && split.base.empty() && in.mode != LoraMode::Adapter)
+    throw Error("the checkpoint holds only LoRA adapter tensors (" + std::to_string(split.lora.size()) +
+                " adapted modules, no base weights, as verl's save_lora_only writes them): --lora " +
+                (in.mode == LoraMode::Drop ? "drop" : in.mode == LoraMode::Both ? "both" : "fold") +
+                " needs the base model; write the adapter with --lora adapter, then fold it with `shardmerge "
+                "fold-lora --base BASE_HF_DIR --adapter OUT/lora_adapter --target_dir MODEL_DIR`");
   if (!split.unsupported.empty() && has_lora && in.mode != LoraMode::Drop)
     throw Error("tensor '" + split.unsupported.front() + "' belongs to a PEFT feature that cannot be merged exactly (" +
                 std::to_string(split.unsupported.size()) + " such tensors); use --lora drop to write the base weights only");
