@@ -138,6 +138,7 @@ MergeOutcome merge(const std::function<PlannedMerge()>& make_plan, const WriteOp
   j["bytes_read"] = stats.bytes_read;
   j["bytes_written"] = plan.bytes_written();
   j["seconds"] = secs;
+  j["plan_seconds"] = out.plan_seconds;
   j["gb_per_s"] = secs > 0 ? static_cast<double>(stats.bytes_read + plan.bytes_written()) / secs / 1e9 : 0;
   j["peak_rss_bytes"] = peak_rss_bytes();
   j["lora_folds"] = stats.lora_folds;

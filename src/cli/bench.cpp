@@ -150,6 +150,8 @@ struct MergeRun {
   uint64_t peak_rss = 0;
   unsigned threads = 0;            // from the merge's --json summary
   uint64_t reads_in_flight = 0;    // its peak_read_bytes_in_flight
+  uint64_t tensors = 0;            // output tensors
+  double plan_seconds = 0;         // the merge's planning
 };
 
 // `shardmerge merge` of the checkpoint as a child process (this very binary).
@@ -180,6 +182,8 @@ MergeRun run_merge(const BenchOptions& o, const std::string& role_dir, const fs:
   try {
     const auto j = nlohmann::json::parse(read_small_file(summary.string(), 1 << 20));
     run.threads = j.at("threads").get<unsigned>();
+    run.plan_seconds = j.at("plan_seconds").get<double>();
+    run.tensors = j.at("tensors").get<uint64_t>();
     run.reads_in_flight = j.at("peak_read_bytes_in_flight").get<uint64_t>();
   } catch (const nlohmann::json::exception& e) {
     throw Error(std::string("the merge's --json summary: ") + e.what()).file(summary.string());
@@ -244,7 +248,7 @@ BenchCheckpoint synthetic_checkpoint(const BenchOptions& o, const fs::path& work
   BenchCheckpoint c;
   c.tag = o.checkpoint.model + "-w" + std::to_string(o.checkpoint.world_size) +
           (o.checkpoint.lora_rank ? "-lora" + std::to_string(o.checkpoint.lora_rank) : "") +
-          (o.checkpoint.dtype == "bfloat16" ? "-bf16" : "");
+          (o.checkpoint.dtype == "bfloat16" ? "-bf16" : "") + (o.checkpoint.fused_experts ? "-fused" : "");
   const fs::path run_root = workdir / ("shardmerge-bench-" + c.tag);
   c.reused = fs::exists(run_root);
   // The checkpoint, then the merge output beside it (removed before the write floor writes as much).
@@ -302,8 +306,8 @@ int run_bench(const BenchOptions& o) {
   // Alternating rounds, so that a slow spell of the disk lands on every step alike. --cold empties
   // the page cache before each step and adds the concurrent floor; the merge goes first so that
   // the write floors know the output's size.
-  std::vector<double> reads, writes, merges, concurrents;
-  uint64_t bytes_out = 0, peak_rss = 0, reads_in_flight = 0;
+  std::vector<double> reads, writes, merges, plans, concurrents;
+  uint64_t bytes_out = 0, peak_rss = 0, reads_in_flight = 0, tensors = 0;
   unsigned threads = 0;
   auto cold_step = [&] {
     if (o.cold) drop_page_cache();
@@ -313,8 +317,10 @@ int run_bench(const BenchOptions& o) {
     cold_step();
     const MergeRun m = run_merge(o, role_dir, target, summary_file);
     merges.push_back(m.seconds);
+    plans.push_back(m.plan_seconds);
     peak_rss = std::max(peak_rss, m.peak_rss);
     threads = m.threads;
+    tensors = m.tensors;
     reads_in_flight = std::max(reads_in_flight, m.reads_in_flight);
     bytes_out = tree_bytes(target);
     fs::remove_all(target);
@@ -329,7 +335,7 @@ int run_bench(const BenchOptions& o) {
       concurrents.push_back(concurrent_floor(inputs, floor_file, bytes_out));
     }
   }
-  const double read_s = median(reads), write_s = median(writes), merge_s = median(merges);
+  const double read_s = median(reads), write_s = median(writes), merge_s = median(merges), plan_s = median(plans);
   const double ratio_max = merge_s / std::max(read_s, write_s), ratio_sum = merge_s / (read_s + write_s);
   const double concurrent_s = o.cold ? median(concurrents) : 0;  // --cold only
 
@@ -340,6 +346,7 @@ int run_bench(const BenchOptions& o) {
       j["world_size"] = o.checkpoint.world_size;
       j["lora_rank"] = o.checkpoint.lora_rank;
       j["dtype"] = o.checkpoint.dtype;
+      j["fused_experts"] = o.checkpoint.fused_experts;
     } else {
       j["local_dir"] = o.local_dir;
     }
@@ -356,6 +363,8 @@ int run_bench(const BenchOptions& o) {
     j["merge_bytes_per_second"] = static_cast<double>(bytes_in + bytes_out) / merge_s;
     j["merge_over_max_floor"] = ratio_max;
     j["merge_over_sum_floor"] = ratio_sum;
+    j["merge_plan_seconds"] = plan_s;
+    j["merge_tensors"] = tensors;
     j["merge_peak_rss_bytes"] = peak_rss;
     j["merge_threads"] = threads;
     j["merge_peak_read_bytes_in_flight"] = reads_in_flight;
@@ -386,6 +395,8 @@ int run_bench(const BenchOptions& o) {
   }
   std::printf("# merge / max(read, write) floor = %.3f\n", ratio_max);
   std::printf("# merge / (read + write) floor   = %.3f\n", ratio_sum);
+  std::printf("# merge's planning                = %.3f s, %.1f %% of the merge (%lu output tensors)\n", plan_s,
+              100 * plan_s / merge_s, static_cast<unsigned long>(tensors));
   std::printf("# merge peak RSS                  = %.1f MiB\n", static_cast<double>(peak_rss) / (1 << 20));
   std::printf("# merge reads in flight, at most = %s (%u threads)\n", format_bytes(reads_in_flight).c_str(), threads);
   if (!c.kept.empty()) std::printf("# kept %s (delete it when done)\n", c.kept.c_str());
@@ -409,6 +420,8 @@ void add_bench(CLI::App& app, Runner& run) {
       ->check(CLI::Range(0, 65536));
   cmd->add_option("--dtype", o->checkpoint.dtype, "Parameter dtype of the checkpoint")
       ->check(CLI::IsMember({"float32", "bfloat16"}));
+  cmd->add_flag("--fused-experts,--fused_experts", o->checkpoint.fused_experts,
+                "MoE experts fused as transformers 5 holds them at run time; the merge writes them per expert");
   cmd->add_option("--tokenizer-from,--tokenizer_from", o->checkpoint.tokenizer_from,
                   "Copy tokenizer files into the checkpoint's huggingface/ from this HF directory");
   cmd->add_option("--device", o->device, "The merge's --device");
@@ -422,7 +435,7 @@ void add_bench(CLI::App& app, Runner& run) {
                 "Empty the page cache before every step (needs root) and add the concurrent floor: reads and writes "
                 "started together");
   cmd->add_flag("--keep", o->keep, "Keep the generated checkpoint in --workdir (a later run reuses it)");
-  for (const char* synthetic_only : {"--model", "--world-size", "--lora-rank", "--dtype", "--tokenizer-from", "--keep", "--list"})
+  for (const char* synthetic_only : {"--model", "--world-size", "--lora-rank", "--dtype", "--fused-experts", "--tokenizer-from", "--keep", "--list"})
     local->excludes(cmd->get_option(synthetic_only));
   cmd->callback([&run, o] { run = [o] { return run_bench(*o); }; });
 }

@@ -193,7 +193,7 @@ MergePlan build_plan(const PlanInput& input, const OutputOptions& options) {
 
     const auto shards = split_into_shards(sizes, storage, group.shard ? options.max_shard_size : UINT64_MAX);
     const std::string prefix = group.subdir.empty() ? "" : group.subdir + "/";
-    nlohmann::ordered_json weight_map = nlohmann::ordered_json::object();
+    nlohmann::json weight_map = nlohmann::json::object();  // sorted, as transformers writes it
     uint64_t total_size = 0, total_params = 0;
     for (size_t s = 0; s < shards.size(); ++s) {
       OutputFile file;
@@ -224,7 +224,7 @@ MergePlan build_plan(const PlanInput& input, const OutputOptions& options) {
       // As transformers writes it: sorted keys, 2-space indent, trailing newline.
       nlohmann::json index;
       index["metadata"] = {{"total_parameters", total_params}, {"total_size", total_size}};
-      index["weight_map"] = nlohmann::json(weight_map);
+      index["weight_map"] = std::move(weight_map);
       plan.sidecars.push_back({prefix + group.file_stem + ".safetensors.index.json", "", index.dump(2) + "\n"});
     }
   }

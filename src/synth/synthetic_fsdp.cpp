@@ -29,6 +29,8 @@ const std::vector<ModelShape>& model_shapes() {
       {"llama-3-70b", "LlamaForCausalLM", "llama", 8192, 28672, 80, 64, 8, 128256, false, false},
       {"qwen2.5-72b", "Qwen2ForCausalLM", "qwen2", 8192, 29568, 80, 64, 8, 152064, false, true},
       {"tiny-moe", "Qwen3MoeForCausalLM", "qwen3_moe", 64, 96, 2, 4, 2, 251, false, false, 16, 4, 32, 2, true},
+      // Planning at scale: 66 layers of 512 narrow experts, 101k per-expert tensors saved (0.2B parameters).
+      {"moe-101k-tensors", "Qwen3MoeForCausalLM", "qwen3_moe", 64, 96, 66, 4, 2, 1024, false, false, 16, 512, 32, 8, true},
       {"qwen3-30b-a3b", "Qwen3MoeForCausalLM", "qwen3_moe", 2048, 6144, 48, 32, 4, 151936, false, false, 128, 128, 768, 8, true},
   };
   return shapes;
@@ -72,7 +74,9 @@ struct Param {
   bool adapter = false;  // a LoRA A or B matrix
 };
 
-std::vector<Param> model_params(const ModelShape& m, int64_t lora_rank) {
+std::vector<Param> model_params(const ModelShape& m, int64_t lora_rank, bool fused_experts) {
+  if (fused_experts && m.experts == 0) throw usage_error("--fused-experts: " + m.name + " has no experts");
+  if (fused_experts && lora_rank > 0) throw usage_error("--fused-experts with LoRA is not supported");
   std::vector<Param> out;
   const int64_t hd = m.head_dim > 0 ? m.head_dim : m.hidden / m.heads, q = m.heads * hd, kv = m.kv_heads * hd;
   const std::string prefix = lora_rank > 0 ? "base_model.model." : "";
@@ -107,7 +111,12 @@ std::vector<Param> model_params(const ModelShape& m, int64_t lora_rank) {
     };
     if (m.experts > 0) {
       add(p + "mlp.gate.weight", {m.experts, m.hidden});  // the router: a Linear PEFT does not target here
-      for (int64_t e = 0; e < m.experts; ++e) mlp(p + "mlp.experts." + std::to_string(e) + ".", m.moe_intermediate);
+      if (fused_experts) {
+        add(p + "mlp.experts.gate_up_proj", {m.experts, 2 * m.moe_intermediate, m.hidden});
+        add(p + "mlp.experts.down_proj", {m.experts, m.hidden, m.moe_intermediate});
+      } else {
+        for (int64_t e = 0; e < m.experts; ++e) mlp(p + "mlp.experts." + std::to_string(e) + ".", m.moe_intermediate);
+      }
     } else {
       mlp(p + "mlp.", m.intermediate);
     }
@@ -251,7 +260,7 @@ SyntheticSize estimate_synthetic(const SyntheticOptions& o) {
   // Per rank: the pickle and zip records (a few KiB per tensor at most) beside the storages.
   constexpr uint64_t kPerTensorOverhead = 4096, kPerFileOverhead = 1 << 20;
   SyntheticSize size;
-  for (const Param& p : model_params(m, o.lora_rank)) {
+  for (const Param& p : model_params(m, o.lora_rank, o.fused_experts)) {
     const uint64_t rows = static_cast<uint64_t>(p.shape[0]), row = static_cast<uint64_t>(row_elems(p.shape));
     if (p.shares < 0) size.rank_file_bytes += world * ((rows + world - 1) / world) * row * elem;
     size.rank_file_bytes += world * kPerTensorOverhead;
@@ -306,7 +315,7 @@ SyntheticSummary write_synthetic_fsdp(const SyntheticOptions& o) {
   if (o.lora_rank > 0)
     write_json(role / "lora_train_meta.json", {{"r", o.lora_rank}, {"lora_alpha", o.lora_alpha}, {"task_type", "CAUSAL_LM"}});
 
-  const std::vector<Param> params = model_params(m, o.lora_rank);
+  const std::vector<Param> params = model_params(m, o.lora_rank, o.fused_experts);
   SyntheticSummary summary;
   summary.role_dir = role.string();
   for (const auto& p : params)

@@ -17,9 +17,10 @@ struct ModelShape {
   std::string model_type;
   int64_t hidden, intermediate, layers, heads, kv_heads, vocab;
   bool tied, qkv_bias;
-  // Mixture of experts (Qwen3-MoE layout, as transformers saves it): every layer's MLP is a
-  // router `mlp.gate` [experts, hidden] and `experts` SwiGLU experts of width `moe_intermediate`,
-  // each its own gate/up/down Linear. 0 experts: a dense MLP of width `intermediate`.
+  // Mixture of experts (Qwen3-MoE layout): every layer's MLP is a router `mlp.gate`
+  // [experts, hidden] and `experts` SwiGLU experts of width `moe_intermediate`: each its own
+  // gate/up/down Linear as transformers saves them, or fused (SyntheticOptions::fused_experts).
+  // 0 experts: a dense MLP of width `intermediate`.
   int64_t head_dim = 0;  // 0: hidden / heads
   int64_t experts = 0, moe_intermediate = 0, experts_per_token = 0;
   bool qk_norm = false;  // per-head RMSNorm of q and k (q_norm, k_norm [head_dim])
@@ -40,6 +41,10 @@ struct SyntheticOptions {
   std::string tokenizer_from;  // copy tokenizer files from this HF dir (optional)
   std::string dtype = "float32";  // float32 or bfloat16 parameters
   bool optimizer = false;         // also optim_ rank files: AdamW state (step, exp_avg, exp_avg_sq)
+  // MoE experts as transformers 5 holds them at run time (what its FSDP rank files carry): one
+  // `mlp.experts.gate_up_proj` [experts, 2*moe_intermediate, hidden] and one `mlp.experts.down_proj`
+  // [experts, hidden, moe_intermediate] per layer. Not with LoRA.
+  bool fused_experts = false;
 };
 
 struct SyntheticSummary {

@@ -161,3 +161,27 @@ def test_memory_bound_merge(shardmerge_gen_bin, shardmerge_bin, tmp_path):
     finally:
         shutil.rmtree(root, ignore_errors=True)
         shutil.rmtree(tmp_path / "out", ignore_errors=True)
+
+
+def test_fused_experts_merge_per_expert_as_transformers_reads_them(shardmerge_gen_bin, run, tmp_path):
+    """tiny-moe --fused-experts (the run-time layout of transformers 5's Qwen3-MoE: one gate_up_proj
+    and one down_proj per layer): the merge writes per-expert tensors, and transformers, fusing them
+    again as it loads, holds exactly the rank files' fused tensors (read by torch, concatenated)."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    role = generate(shardmerge_gen_bin, tmp_path / "moe", "tiny-moe", 3, "--fused-experts")
+    states = [torch.load(f, weights_only=False, map_location="cpu")
+              for f in sorted(role.glob("model_world_size_3_rank_*.pt"))]
+    fused = {k: torch.cat([s[k]._local_tensor for s in states]) for k in states[0] if ".experts." in k}
+    assert fused and all(v.dim() == 3 for v in fused.values()), sorted(fused)
+    out = tmp_path / "out"
+    run("merge", "--local_dir", role, "--target_dir", out, "--dtype", "fp32")
+    names = [n for f in hf_weight_files(out) for n in st_header(f)[0] if n != "__metadata__"]
+    assert "model.layers.0.mlp.experts.3.up_proj.weight" in names and not any(n.endswith("_proj") for n in names)
+    model, info = transformers.AutoModelForCausalLM.from_pretrained(str(out), output_loading_info=True,
+                                                                    dtype=torch.float32)
+    for kind in ("missing_keys", "unexpected_keys", "mismatched_keys"):
+        assert not info.get(kind), (kind, info[kind])
+    sd = model.state_dict()
+    for k, v in fused.items():
+        assert torch.equal(sd[k], v), k
