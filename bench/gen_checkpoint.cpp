@@ -21,6 +21,7 @@ int main(int argc, char** argv) {
   app.add_option("--dtype", o.dtype, "Parameter dtype: float32 or bfloat16");
   app.add_option("--tokenizer-from", o.tokenizer_from, "Copy tokenizer files from this HF directory");
   app.add_flag("--optimizer", o.optimizer, "Also write optim_ rank files (AdamW state, as torch saves it)");
+  app.add_option("--layers", o.layers, "Decoder layers, instead of the shape's own");
   app.add_flag("--fused-experts", o.fused_experts,
                "MoE experts fused as transformers 5 holds them at run time (mlp.experts.gate_up_proj / down_proj)");
   app.add_flag("--list", list, "List the model shapes");

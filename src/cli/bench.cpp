@@ -248,7 +248,8 @@ BenchCheckpoint synthetic_checkpoint(const BenchOptions& o, const fs::path& work
   BenchCheckpoint c;
   c.tag = o.checkpoint.model + "-w" + std::to_string(o.checkpoint.world_size) +
           (o.checkpoint.lora_rank ? "-lora" + std::to_string(o.checkpoint.lora_rank) : "") +
-          (o.checkpoint.dtype == "bfloat16" ? "-bf16" : "") + (o.checkpoint.fused_experts ? "-fused" : "");
+          (o.checkpoint.dtype == "bfloat16" ? "-bf16" : "") + (o.checkpoint.fused_experts ? "-fused" : "") +
+          (o.checkpoint.layers ? "-L" + std::to_string(o.checkpoint.layers) : "");
   const fs::path run_root = workdir / ("shardmerge-bench-" + c.tag);
   c.reused = fs::exists(run_root);
   // The checkpoint, then the merge output beside it (removed before the write floor writes as much).
@@ -347,6 +348,8 @@ int run_bench(const BenchOptions& o) {
       j["lora_rank"] = o.checkpoint.lora_rank;
       j["dtype"] = o.checkpoint.dtype;
       j["fused_experts"] = o.checkpoint.fused_experts;
+      j["layers"] = synth::find_model(o.checkpoint.model).layers;
+      if (o.checkpoint.layers) j["layers"] = o.checkpoint.layers;
     } else {
       j["local_dir"] = o.local_dir;
     }
@@ -420,6 +423,8 @@ void add_bench(CLI::App& app, Runner& run) {
       ->check(CLI::Range(0, 65536));
   cmd->add_option("--dtype", o->checkpoint.dtype, "Parameter dtype of the checkpoint")
       ->check(CLI::IsMember({"float32", "bfloat16"}));
+  cmd->add_option("--layers", o->checkpoint.layers, "Decoder layers, instead of the shape's own (a shallower model)")
+      ->check(CLI::Range(1, 100000));
   cmd->add_flag("--fused-experts,--fused_experts", o->checkpoint.fused_experts,
                 "MoE experts fused as transformers 5 holds them at run time; the merge writes them per expert");
   cmd->add_option("--tokenizer-from,--tokenizer_from", o->checkpoint.tokenizer_from,
@@ -435,7 +440,7 @@ void add_bench(CLI::App& app, Runner& run) {
                 "Empty the page cache before every step (needs root) and add the concurrent floor: reads and writes "
                 "started together");
   cmd->add_flag("--keep", o->keep, "Keep the generated checkpoint in --workdir (a later run reuses it)");
-  for (const char* synthetic_only : {"--model", "--world-size", "--lora-rank", "--dtype", "--fused-experts", "--tokenizer-from", "--keep", "--list"})
+  for (const char* synthetic_only : {"--model", "--world-size", "--lora-rank", "--dtype", "--layers", "--fused-experts", "--tokenizer-from", "--keep", "--list"})
     local->excludes(cmd->get_option(synthetic_only));
   cmd->callback([&run, o] { run = [o] { return run_bench(*o); }; });
 }

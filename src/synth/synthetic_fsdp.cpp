@@ -251,10 +251,18 @@ void write_json(const fs::path& path, const nlohmann::ordered_json& j, int inden
   write_small_file(path.string(), j.dump(indent) + "\n");
 }
 
+// The named shape, with --layers applied.
+ModelShape chosen_shape(const SyntheticOptions& o) {
+  ModelShape m = find_model(o.model);
+  if (o.layers < 0) throw usage_error("--layers must be positive");
+  if (o.layers > 0) m.layers = o.layers;
+  return m;
+}
+
 }  // namespace
 
 SyntheticSize estimate_synthetic(const SyntheticOptions& o) {
-  const ModelShape& m = find_model(o.model);
+  const ModelShape m = chosen_shape(o);
   if (o.world_size < 1) throw usage_error("world size must be positive");
   const uint64_t elem = o.dtype == "bfloat16" ? 2 : 4, world = static_cast<uint64_t>(o.world_size);
   // Per rank: the pickle and zip records (a few KiB per tensor at most) beside the storages.
@@ -273,7 +281,7 @@ SyntheticSize estimate_synthetic(const SyntheticOptions& o) {
 }
 
 SyntheticSummary write_synthetic_fsdp(const SyntheticOptions& o) {
-  const ModelShape& m = find_model(o.model);
+  const ModelShape m = chosen_shape(o);
   if (o.world_size < 1) throw usage_error("world size must be positive");
   if (o.dtype != "float32" && o.dtype != "bfloat16") throw usage_error("--dtype must be float32 or bfloat16");
   const fs::path run(o.out_dir);

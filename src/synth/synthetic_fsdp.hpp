@@ -45,6 +45,7 @@ struct SyntheticOptions {
   // `mlp.experts.gate_up_proj` [experts, 2*moe_intermediate, hidden] and one `mlp.experts.down_proj`
   // [experts, hidden, moe_intermediate] per layer. Not with LoRA.
   bool fused_experts = false;
+  int64_t layers = 0;  // > 0: this many decoder layers instead of the shape's own (a shallower model of that width)
 };
 
 struct SyntheticSummary {

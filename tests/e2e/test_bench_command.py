@@ -34,6 +34,19 @@ def test_bench_reports_floors_merge_and_ratios_and_leaves_nothing(run, tmp_path)
     assert list(work.iterdir()) == [], "bench must remove what it generated"
 
 
+def test_fused_experts_at_a_chosen_depth(run, tmp_path):
+    """--fused-experts --layers 1 of tiny-moe: the merge writes the per-expert tensors of one layer
+    (counted here from the shape: embeddings, 4 attention weights + q/k norms, the router, 4 experts x
+    3, 2 layer norms, the final norm, lm_head) and its planning time is part of its time."""
+    work = tmp_path / "work"
+    r = json.loads(run("bench", "--model", "tiny-moe", "--layers", "1", "--fused-experts", "--world-size", "3",
+                       "--workdir", work, "--json").stdout)
+    assert r["fused_experts"] is True and r["layers"] == 1
+    assert r["merge_tensors"] == 1 + 6 + 1 + 4 * 3 + 2 + 1 + 1
+    assert 0 < r["merge_plan_seconds"] < r["merge_seconds"]
+    assert list(work.iterdir()) == []
+
+
 def test_kept_checkpoint_is_what_was_measured_and_is_reused(run, tmp_path):
     work = tmp_path / "work"
     first = json.loads(bench(run, work, "--world-size", "2", "--lora-rank", "4", "--keep", "--json").stdout)
