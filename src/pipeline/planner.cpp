@@ -125,6 +125,24 @@ const SavedNameRules* fsdp_saved_names(const MergeRequest& req, const layouts::H
       .file(config_file.empty() ? req.local_dir : config_file);
 }
 
+// Whether the base weights come from --hf_model_path: the rank files hold only LoRA tensors
+// (verl's save_lora_only), the LoRA is to be folded or dropped, and the given directory holds a
+// complete HF model.
+bool lora_only_with_base(const MergeRequest& req, const layouts::FsdpRole& role, const PeftSplit& split,
+                         const std::optional<layouts::HfTree>& given) {
+  if (!split.base.empty() || split.lora.empty() || req.lora == LoraMode::Adapter || !given) return false;
+  if (!given->weights_complete)
+    throw Error("the rank files hold only LoRA tensors (verl's save_lora_only) and --hf_model_path has no complete "
+                "safetensors weights to fold them into: pass the base model's HF directory (config.json and "
+                "model*.safetensors)")
+        .file(given->path);
+  if (req.gathered)
+    throw Error("a node-local multi-process merge cannot take base weights from --hf_model_path; merge this "
+                "save_lora_only checkpoint in one process")
+        .file(req.gathered->view->real_path(role.path));
+  return true;
+}
+
 PlannedMerge plan_fsdp(const MergeRequest& req, const layouts::FsdpRole& role, std::vector<std::string> notes) {
   PlannedMerge out;
   out.role_dir = role.path;
@@ -132,10 +150,24 @@ PlannedMerge plan_fsdp(const MergeRequest& req, const layouts::FsdpRole& role, s
   const std::optional<layouts::HfTree> given = hf_model_path_tree(req, notes);
   const layouts::HfTree* hf = given ? &*given : role.huggingface ? &*role.huggingface : nullptr;
 
-  const PeftSplit split = split_peft_names(out.sources);
+  PeftSplit split = split_peft_names(out.sources);
+  const bool base_from_given = lora_only_with_base(req, role, split, given);
+  if (base_from_given) {
+    // verl's save_lora_only: the base weights are the --hf_model_path model's, streamed from its
+    // files like any source; the checkpoint's own config must describe them.
+    append_sources(out.sources, describe_hf_weights(given->path));
+    out.other_source_dirs = {given->path};
+    split = split_peft_names(out.sources);
+    notes.push_back("the rank files hold only LoRA tensors (verl's save_lora_only): base weights from --hf_model_path " +
+                    given->path);
+  }
   std::vector<NamedShape> base_shapes;
   for (const auto& [name, tensor] : split.base) base_shapes.emplace_back(name, &tensor->shape);
   check_given_config(given, base_shapes, role.path);
+  if (base_from_given && role.huggingface && role.huggingface->has_config)
+    check_config_matches_weights(role.huggingface->config,
+                                 (std::filesystem::path(role.huggingface->path) / "config.json").string(), base_shapes,
+                                 "--hf_model_path " + given->path + " (the base the LoRA was trained on)");
   const std::optional<LoraConfig> lora_config = split.lora.empty() ? std::nullopt : fsdp_lora_config(role);
   out.lora_summary = describe_lora(split, lora_config);
 
@@ -145,10 +177,13 @@ PlannedMerge plan_fsdp(const MergeRequest& req, const layouts::FsdpRole& role, s
     notes.push_back("--tie-word-embedding is ignored for FSDP (as verl's merger does): config.json does not tie the "
                     "embeddings, so a saved lm_head.weight is a trained matrix of its own and is kept");
   if (req.is_value_model) notes.push_back("--is-value-model only changes Megatron merges; FSDP value heads are written as saved");
-  ModelGroups groups = make_model_groups({&split, req.lora, lora_config, req.lora_alpha, tied, req.force_lora_alpha});
   out.saved_names = fsdp_saved_names(req, hf, split, notes);
+  // An HF base holds saved names already; the LoRA modules keep the rank files' run-time ones.
+  const SavedNameRules* lora_to_base = base_from_given ? out.saved_names : nullptr;
+  ModelGroups groups =
+      make_model_groups({&split, req.lora, lora_config, req.lora_alpha, tied, req.force_lora_alpha, lora_to_base});
   std::deque<SourceTensor> expert_parts;  // what the plan's per-expert tensors are cut from, until it is built
-  if (out.saved_names) {
+  if (out.saved_names && !base_from_given) {
     apply_saved_names(groups.model, *out.saved_names, expert_parts);
     if (groups.unfolded) apply_saved_names(*groups.unfolded, *out.saved_names, expert_parts);
   }

@@ -5,6 +5,7 @@
 #include <set>
 #include <unordered_map>
 
+#include "plan/saved_names.hpp"
 #include "shardmerge/error.hpp"
 #include "util/json_fields.hpp"
 
@@ -126,8 +127,8 @@ ModelGroups make_model_groups(const ModelGroupsInput& in) {
     throw Error("the checkpoint holds only LoRA adapter tensors (" + std::to_string(split.lora.size()) +
                 " adapted modules, no base weights, as verl's save_lora_only writes them): --lora " +
                 (in.mode == LoraMode::Drop ? "drop" : in.mode == LoraMode::Both ? "both" : "fold") +
-                " needs the base model; write the adapter with --lora adapter, then fold it with `shardmerge "
-                "fold-lora --base BASE_HF_DIR --adapter OUT/lora_adapter --target_dir MODEL_DIR`");
+                " needs the base model: pass its HF directory as --hf_model_path BASE_HF_DIR (or write the adapter "
+                "alone with --lora adapter)");
   if (!split.unsupported.empty() && has_lora && in.mode != LoraMode::Drop)
     throw Error("tensor '" + split.unsupported.front() + "' belongs to a PEFT feature that cannot be merged exactly (" +
                 std::to_string(split.unsupported.size()) + " such tensors); use --lora drop to write the base weights only");
@@ -160,8 +161,11 @@ ModelGroups make_model_groups(const ModelGroupsInput& in) {
   for (const LoraModule& m : split.lora) {
     if (!m.a || !m.b) throw Error("module '" + m.module + "' has only one of its LoRA A/B tensors");
     if (!fold) continue;
-    auto it = base_index.find(m.module + ".weight");
-    if (it == base_index.end()) throw Error("LoRA adapts module '" + m.module + "' but the checkpoint has no " + m.module + ".weight");
+    const std::string weight = in.base_saved_names ? saved_parts(*in.base_saved_names, m.module + ".weight", {}).front().name
+                                                   : m.module + ".weight";
+    auto it = base_index.find(weight);
+    if (it == base_index.end())
+      throw Error("LoRA adapts module '" + m.module + "' but the base weights have no " + weight);
     const SourceTensor& w = *split.base[it->second].second;
     const bool transposed = m.embedding || config.fan_in_fan_out;
     check_lora_shapes(m, w, transposed);

@@ -18,6 +18,8 @@
 
 namespace shardmerge {
 
+struct SavedNameRules;
+
 enum class LoraMode { Fold, Adapter, Both, Drop };
 std::optional<LoraMode> lora_mode_from_string(const std::string& s);
 
@@ -52,6 +54,9 @@ struct ModelGroupsInput {
   bool drop_tied_lm_head = false;
   // --force-lora-alpha: --lora-alpha may replace a non-zero alpha the checkpoint records.
   bool force_alpha = false;
+  // The base weights carry saved names (an HF model's) and the LoRA modules run-time ones: a
+  // module's base weight is its saved name under these rules. nullptr: the same names.
+  const SavedNameRules* base_saved_names = nullptr;
 };
 
 struct ModelGroups {

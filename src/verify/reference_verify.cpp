@@ -426,6 +426,9 @@ ReferenceModel open_reference(const PlannedMerge& pm, std::shared_ptr<ScratchDir
   const layouts::Layout layout = layouts::detect(pm.role_dir);
   if (const auto* fsdp = std::get_if<layouts::FsdpRole>(&layout.info)) {
     model.sources = reference_from_fsdp(*fsdp);
+    // save_lora_only rank files folded into (or dropped onto) an HF base model.
+    for (const std::string& base : pm.other_source_dirs)
+      add_safetensors_reference(model.sources, hf_weight_paths(base), "the HF safetensors of " + base);
     map_peft_names(model, model.sources.tensors.size());
     if (pm.saved_names) map_saved_names(model, *pm.saved_names);
   } else if (const auto* adapter = std::get_if<layouts::PeftAdapter>(&layout.info)) {

@@ -173,6 +173,15 @@ def max_abs(a, b):
     return float((a.double() - b.double()).abs().max())
 
 
+def assert_within_ulp(got, ref, max_ulp, what):
+    """Same names; every element within max_ulp of the reference. Returns the worst (ulp, abs, name)."""
+    missing, extra = sorted(set(ref) - set(got)), sorted(set(got) - set(ref))
+    assert not missing and not extra, f"{what}: missing {missing}, unexpected {extra}"
+    worst = max(((ulp_distance(got[k], ref[k]), max_abs(got[k], ref[k]), k) for k in ref), default=(0, 0.0, ""))
+    assert worst[0] <= max_ulp, f"{what}: {worst[2]} is {worst[0]} ulp off (max abs error {worst[1]:g})"
+    return worst
+
+
 # ---------------------------------------------------------------------------------------------
 # merge options
 

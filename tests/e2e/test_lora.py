@@ -8,8 +8,8 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("safetensors")
 
-from e2e_util import (assert_tensors_bitwise, bits_equal, error_lines, expected_base, leftovers,  # noqa: E402
-                      load_hf, load_st, max_abs, tree_digest, ulp_distance, verl_name)
+from e2e_util import (assert_tensors_bitwise, assert_within_ulp, bits_equal, error_lines, expected_base,  # noqa: E402
+                      leftovers, load_hf, load_st, tree_digest, verl_name)
 
 
 def train_meta(fixtures, fx):
@@ -60,14 +60,6 @@ def peft_fold(fixtures, fx):
     merged = model.merge_and_unload().state_dict()
     exp_names = set(expected_base(fixtures, fx, "bf16"))
     return {k: v.to(torch.bfloat16) for k, v in merged.items() if k in exp_names}
-
-
-def assert_within_ulp(got, ref, max_ulp, what):
-    missing, extra = sorted(set(ref) - set(got)), sorted(set(got) - set(ref))
-    assert not missing and not extra, f"{what}: missing {missing}, unexpected {extra}"
-    worst = max(((ulp_distance(got[k], ref[k]), max_abs(got[k], ref[k]), k) for k in ref), default=(0, 0.0, ""))
-    assert worst[0] <= max_ulp, f"{what}: {worst[2]} is {worst[0]} ulp off (max abs error {worst[1]:g})"
-    return worst
 
 
 # ---------------------------------------------------------------------------------------------

@@ -1,13 +1,36 @@
 """verl's save_lora_only checkpoints: rank files that hold only the LoRA A/B tensors. `--lora adapter`
-writes the adapter (its tensors equal to what the training processes held); fold, both and drop
-have no base weights to work on and fail in one line that says how to fold with the base; nothing
-is written."""
+writes the adapter (its tensors equal to what the training processes held). Fold, both and drop take
+the base weights from `--hf_model_path BASE_HF_DIR` (the model the run started from); without it
+they fail in one line that says to pass the base, and nothing is written."""
+import json
+
 import pytest
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("safetensors")
 
-from e2e_util import error_lines, leftovers  # noqa: E402
+from e2e_util import assert_within_ulp, error_lines, leftovers, load_hf, load_st  # noqa: E402
+
+
+def base_dir(fixtures, fx):
+    return fixtures / fx["base"]
+
+
+def peft_merged(fixtures, fx):
+    """PEFT's own merge_and_unload, in fp32, of the base model with the LoRA tensors the training
+    processes held (expected.safetensors) — the oracle for a fold, computed without shardmerge."""
+    transformers = pytest.importorskip("transformers")
+    peft = pytest.importorskip("peft")
+    meta = json.loads((fixtures / fx["role_dir"] / "lora_train_meta.json").read_text())
+    base = transformers.AutoModelForCausalLM.from_pretrained(str(base_dir(fixtures, fx)), dtype=torch.float32)
+    model = peft.get_peft_model(base, peft.LoraConfig(r=meta["r"], lora_alpha=meta["lora_alpha"],
+                                                      target_modules="all-linear", lora_dropout=0.0, bias="none",
+                                                      task_type="CAUSAL_LM"))
+    lora = {k: v for k, v in load_st(fixtures / fx["expected"]).items() if ".lora_" in k}
+    _, unexpected = model.load_state_dict(lora, strict=False)
+    assert not unexpected, unexpected
+    saved = set(load_hf(base_dir(fixtures, fx)))  # a tied lm_head is not saved
+    return {k: v for k, v in model.merge_and_unload().state_dict().items() if k in saved}, len(lora) // 2
 
 
 def test_adapter_is_written_exactly(lora_only_fx, fixtures, run, tmp_path):
@@ -35,25 +58,84 @@ def test_fold_and_drop_need_the_base(lora_only_fx, fixtures, run, tmp_path, mode
     lines = error_lines(proc.stderr)
     assert len(lines) == 1, proc.stderr
     assert "only LoRA adapter tensors" in lines[0] and f"--lora {mode} needs the base model" in lines[0], lines[0]
-    assert "shardmerge fold-lora --base BASE_HF_DIR" in lines[0], lines[0]
+    assert "--hf_model_path BASE_HF_DIR" in lines[0], lines[0]
     assert not target.exists() and not leftovers(target), proc.stderr
 
 
-def test_the_two_steps_the_error_names_fold_the_adapter(lora_only_fx, fixtures, run, tmp_path):
-    """merge --lora adapter, then fold-lora onto the base the run started from: every adapted weight
-    changes, the others are the base's bytes."""
-    from safetensors.torch import load_file
+def test_fold_onto_the_base_equals_peft(lora_only_fx, fixtures, run, tmp_path):
+    """One step: the base streamed from --hf_model_path, every adapted weight folded as PEFT's
+    merge_and_unload folds it, the rest the base's bytes; --verify re-reads base and rank files."""
+    out = tmp_path / "out"
+    proc = run("merge", "--local_dir", fixtures / lora_only_fx["role_dir"], "--target_dir", out,
+               "--hf_model_path", base_dir(fixtures, lora_only_fx), "--dtype", "fp32", "--verify")
+    assert "base weights from --hf_model_path" in proc.stdout, proc.stdout
+    ref, modules = peft_merged(fixtures, lora_only_fx)
+    got = load_hf(out)
+    assert_within_ulp(got, ref, 2, "save_lora_only fold vs PEFT merge_and_unload")
+    base = load_hf(base_dir(fixtures, lora_only_fx))
+    changed = [k for k in base if not torch.equal(got[k], base[k].float())]
+    assert len(changed) == modules, (len(changed), modules)
+    assert (out / "config.json").is_file() and not (out / "lora_adapter").exists()
 
+
+def test_both_and_drop_onto_the_base(lora_only_fx, fixtures, run, tmp_path):
+    base = load_hf(base_dir(fixtures, lora_only_fx))
+    args = ("--local_dir", fixtures / lora_only_fx["role_dir"], "--hf_model_path", base_dir(fixtures, lora_only_fx),
+            "--dtype", "fp32")
+    run("merge", *args, "--target_dir", tmp_path / "drop", "--lora", "drop")
+    dropped = load_hf(tmp_path / "drop")
+    assert sorted(dropped) == sorted(base)
+    for k, t in base.items():
+        assert dropped[k].dtype == t.dtype and torch.equal(dropped[k], t), k
+    both = tmp_path / "both"
+    run("merge", *args, "--target_dir", both, "--lora", "both")
+    unfolded = load_hf(both / "unfolded")
+    for k, t in base.items():
+        assert torch.equal(unfolded[k], t), k
+    adapter = load_st(both / "unfolded" / "lora_adapter" / "adapter_model.safetensors")
+    exp = {k.replace(".default.", "."): v for k, v in load_st(fixtures / lora_only_fx["expected"]).items() if ".lora_" in k}
+    assert sorted(adapter) == sorted(exp)
+    folded = load_hf(both)
+    assert sum(not torch.equal(folded[k], base[k]) for k in base) == len(exp) // 2
+
+
+def test_a_base_of_another_size_is_refused(lora_only_fx, fixtures, run, tmp_path):
+    """The checkpoint's own config must describe the base: a base of another width fails in one line
+    naming the field and the config, before anything is written."""
+    transformers = pytest.importorskip("transformers")
+    cfg = transformers.AutoConfig.from_pretrained(str(base_dir(fixtures, lora_only_fx)))
+    cfg.hidden_size *= 2
+    other = tmp_path / "other_base"
+    transformers.AutoModelForCausalLM.from_config(cfg).save_pretrained(other)
+    transformers.AutoTokenizer.from_pretrained(str(base_dir(fixtures, lora_only_fx))).save_pretrained(other)
+    target = tmp_path / "out"
+    proc = run("merge", "--local_dir", fixtures / lora_only_fx["role_dir"], "--target_dir", target,
+               "--hf_model_path", other, check=False)
+    assert proc.returncode == 1, proc.stderr
+    lines = error_lines(proc.stderr)
+    assert len(lines) == 1, proc.stderr
+    assert "hidden_size=" in lines[0] and "huggingface/config.json" in lines[0] and str(other) in lines[0], lines[0]
+    assert not target.exists() and not leftovers(target), proc.stderr
+
+
+def test_a_base_without_weights_is_refused(lora_only_fx, fixtures, run, tmp_path):
+    target = tmp_path / "out"
+    proc = run("merge", "--local_dir", fixtures / lora_only_fx["role_dir"], "--target_dir", target,
+               "--hf_model_path", fixtures / lora_only_fx["role_dir"] / "huggingface", check=False)
+    assert proc.returncode == 1, proc.stderr
+    lines = error_lines(proc.stderr)
+    assert len(lines) == 1 and "no complete safetensors weights" in lines[0], proc.stderr
+    assert not target.exists() and not leftovers(target), proc.stderr
+
+
+def test_the_two_steps_fold_the_adapter_too(lora_only_fx, fixtures, run, tmp_path):
+    """merge --lora adapter, then fold-lora onto the base: the same model as the one-step fold."""
     adapter_out = tmp_path / "adapter"
-    run("merge", "--local_dir", fixtures / lora_only_fx["role_dir"], "--target_dir", adapter_out, "--lora", "adapter")
-    base = fixtures / "hf_base" / lora_only_fx["model"]
+    run("merge", "--local_dir", fixtures / lora_only_fx["role_dir"], "--target_dir", adapter_out, "--lora", "adapter",
+        "--dtype", "fp32")
+    base = base_dir(fixtures, lora_only_fx)
     folded = tmp_path / "folded"
     run("fold-lora", "--base", base, "--adapter", adapter_out / "lora_adapter", "--target_dir", folded,
         "--dtype", "fp32")
-    got = load_file(str(folded / "model.safetensors"))
-    base_w = load_file(str(base / "model.safetensors"))
-    adapted = {k.split("base_model.model.", 1)[1].split(".lora_A.")[0] + ".weight"
-               for k in load_file(str(adapter_out / "lora_adapter" / "adapter_model.safetensors")) if ".lora_A." in k}
-    assert adapted and adapted <= set(got)
-    for k, t in base_w.items():
-        assert (not torch.equal(got[k], t)) == (k in adapted), k
+    ref, _ = peft_merged(fixtures, lora_only_fx)
+    assert_within_ulp(load_hf(folded), ref, 2, "fold-lora of the exported adapter vs PEFT merge_and_unload")
