@@ -119,6 +119,10 @@ void fsdp_report(const layouts::FsdpRole& role, bool with_tensors, json& j, std:
       warnings.push_back(e.what());
     }
     if (!split.lora.empty()) j["lora"] = describe_lora(split, cfg);
+    j["lora_only"] = !split.lora.empty() && split.base.empty();
+    if (j["lora_only"])
+      warnings.push_back("the rank files hold only LoRA tensors (verl's save_lora_only): fold them into the base model "
+                         "with --hf_model_path BASE_HF_DIR, or write the adapter alone with --lora adapter");
     // Which names the merge writes: the model class's saved names (plan/saved_names.hpp).
     if (role.huggingface && role.huggingface->has_config)
       if (const SavedNameClass* row = saved_name_class(role.huggingface->config)) {
@@ -269,7 +273,12 @@ json inspect(const std::string& path, bool with_tensors) {
         warnings.push_back("missing rank files: " + m +
                            " (multi-node runs keep each node's ranks on its own disk: copy them here)");
       }
-      if (j.value("mergeable", true)) next.push_back(merge_command(path, "fsdp"));
+      if (j.value("lora_only", false)) {
+        next.push_back(merge_command(path, "fsdp") + " --hf_model_path BASE_HF_DIR   # fold into the base");
+        next.push_back(merge_command(path, "fsdp") + " --lora adapter   # the adapter alone");
+      } else if (j.value("mergeable", true)) {
+        next.push_back(merge_command(path, "fsdp"));
+      }
       break;
     }
     case layouts::Kind::MegatronRole: {

@@ -139,3 +139,19 @@ def test_the_two_steps_fold_the_adapter_too(lora_only_fx, fixtures, run, tmp_pat
         "--dtype", "fp32")
     ref, _ = peft_merged(fixtures, lora_only_fx)
     assert_within_ulp(load_hf(folded), ref, 2, "fold-lora of the exported adapter vs PEFT merge_and_unload")
+
+
+def test_inspect_says_how_to_fold(lora_only_fx, fixtures, run, tmp_path):
+    """inspect names the checkpoint LoRA-only and its first next command, given the base, merges."""
+    import shlex
+
+    role = fixtures / lora_only_fx["role_dir"]
+    info = json.loads(run("inspect", role, "--json").stdout)
+    assert info["lora_only"] is True
+    assert any("save_lora_only" in w for w in info["warnings"]), info["warnings"]
+    fold = shlex.split(info["next"][0].split("#")[0])
+    assert fold[:2] == ["shardmerge", "merge"] and "--hf_model_path" in fold, fold
+    fold[fold.index("BASE_HF_DIR")] = str(base_dir(fixtures, lora_only_fx))
+    fold[fold.index("--target_dir") + 1] = str(tmp_path / "out")
+    run(*fold[1:])
+    assert len(load_hf(tmp_path / "out")) == len(load_hf(base_dir(fixtures, lora_only_fx)))
