@@ -8,6 +8,7 @@
 #include "shardmerge/error.hpp"
 #include "util/bytes.hpp"
 #include "util/file.hpp"
+#include "util/json_text.hpp"
 
 namespace shardmerge {
 namespace {
@@ -165,23 +166,25 @@ const SafetensorsTensor* SafetensorsFile::find(std::string_view name) const {
   return it == by_name_.end() ? nullptr : &tensors_[it->second];
 }
 
-SafetensorsLayout layout_safetensors(std::vector<TensorDecl> tensors, const std::map<std::string, std::string>& metadata) {
-  std::sort(tensors.begin(), tensors.end(), [](const TensorDecl& a, const TensorDecl& b) {
+SafetensorsLayout layout_safetensors(const std::vector<TensorDecl>& tensors, const std::map<std::string, std::string>& metadata) {
+  SafetensorsLayout layout;
+  layout.order.resize(tensors.size());
+  for (size_t i = 0; i < tensors.size(); ++i) layout.order[i] = i;
+  std::sort(layout.order.begin(), layout.order.end(), [&tensors](size_t ia, size_t ib) {
+    const TensorDecl &a = tensors[ia], &b = tensors[ib];
     const auto ra = dtype_info(a.dtype).st_alignment_rank, rb = dtype_info(b.dtype).st_alignment_rank;
     return ra != rb ? ra > rb : a.name < b.name;
   });
   // The header object in this order, written entry by entry: an ordered_json object looks keys
   // up one by one, which is quadratic in the tensor count (100k per-expert tensors in one file).
   std::string text = "{";
-  auto entry = [&text](const std::string& key, const nlohmann::ordered_json& value) {
-    if (text.size() > 1) text += ',';
-    text += nlohmann::json(key).dump() + ":" + value.dump();
-  };
-  if (!metadata.empty()) entry("__metadata__", metadata);
+  if (!metadata.empty()) text += "\"__metadata__\":" + nlohmann::json(metadata).dump();
   std::unordered_set<std::string_view> names;
-  SafetensorsLayout layout;
+  names.reserve(tensors.size());
+  layout.tensors.reserve(tensors.size());
   uint64_t offset = 0;
-  for (const auto& t : tensors) {
+  for (size_t i : layout.order) {
+    const TensorDecl& t = tensors[i];
     // A repeated name would silently replace the first one's header entry and leave a hole.
     if (t.name == "__metadata__" || !names.insert(t.name).second)
       throw Error(t.name == "__metadata__" ? "is a reserved name in safetensors" : "appears twice").tensor(t.name);
@@ -189,7 +192,16 @@ SafetensorsLayout layout_safetensors(std::vector<TensorDecl> tensors, const std:
     if (info.st_name.empty())
       throw Error("dtype " + std::string(info.torch_name) + " cannot be stored in safetensors").tensor(t.name);
     const uint64_t n = t.nbytes();
-    entry(t.name, {{"dtype", info.st_name}, {"shape", t.shape}, {"data_offsets", {offset, offset + n}}});
+    if (text.size() > 1) text += ',';
+    append_json_string(text, t.name);
+    text += ":{\"dtype\":\"";
+    text += info.st_name;
+    text += "\",\"shape\":[";
+    for (size_t d = 0; d < t.shape.size(); ++d) {
+      if (d) text += ',';
+      text += std::to_string(t.shape[d]);
+    }
+    text += "],\"data_offsets\":[" + std::to_string(offset) + "," + std::to_string(offset + n) + "]}";
     layout.tensors.push_back({t.name, t.dtype, t.shape, offset, n});
     offset += n;
   }

@@ -57,10 +57,11 @@ struct TensorDecl {
 struct SafetensorsLayout {
   std::string header;                     // 8-byte length + JSON padded with spaces to 8 bytes
   std::vector<SafetensorsTensor> tensors;  // layout order, absolute file offsets
+  std::vector<size_t> order;               // tensors[k] is the given tensors[order[k]]
   uint64_t file_size = 0;
 };
 
-SafetensorsLayout layout_safetensors(std::vector<TensorDecl> tensors,
+SafetensorsLayout layout_safetensors(const std::vector<TensorDecl>& tensors,
                                      const std::map<std::string, std::string>& metadata = {{"format", "pt"}});
 
 // Writes a whole small file from in-memory tensors (adapters, test data). `data[i]` holds

@@ -2,11 +2,13 @@
 
 #include <cstdio>
 #include <filesystem>
+#include <map>
 #include <set>
 #include <unordered_map>
 #include <unordered_set>
 
 #include "formats/safetensors.hpp"
+#include "util/json_text.hpp"
 #include "geometry/sharding.hpp"
 #include "shardmerge/error.hpp"
 
@@ -64,6 +66,25 @@ std::vector<std::vector<size_t>> split_into_shards(const std::vector<uint64_t>& 
   if (!current.empty()) shards.push_back(std::move(current));
   place_followers();
   return shards;
+}
+
+// The model index as transformers writes it (json.dumps with sort_keys and indent 2, then a
+// newline), written directly: 100k weight_map entries as json values cost more than the rest
+// of planning.
+std::string index_json(uint64_t total_params, uint64_t total_size,
+                       std::vector<std::pair<std::string_view, size_t>> weight_map,
+                       const std::vector<std::string>& shard_names) {
+  std::sort(weight_map.begin(), weight_map.end());
+  std::string text = "{\n  \"metadata\": {\n    \"total_parameters\": " + std::to_string(total_params) +
+                     ",\n    \"total_size\": " + std::to_string(total_size) + "\n  },\n  \"weight_map\": {";
+  for (size_t i = 0; i < weight_map.size(); ++i) {
+    text += i ? ",\n    " : "\n    ";
+    append_json_string(text, weight_map[i].first);
+    text += ": ";
+    append_json_string(text, shard_names[weight_map[i].second]);
+  }
+  text += "\n  }\n}\n";
+  return text;
 }
 
 bool is_16bit_float(DType t) { return t == DType::F16 || t == DType::BF16; }
@@ -157,13 +178,17 @@ MergePlan build_plan(const PlanInput& input, const OutputOptions& options) {
   if (float_dtype)
     if (auto warning = lossy_cast_warning(input, *float_dtype, chosen_by)) plan.warnings.push_back(std::move(*warning));
 
-  std::unordered_set<std::string> names;
+  std::map<std::string_view, std::unordered_set<std::string_view>> names;  // by subdir
   for (const OutputGroup& group : input.groups) {
     std::vector<OutputTensor> outs;
+    std::vector<TensorDecl> decls;  // each moved into its shard's list
     std::vector<uint64_t> sizes;
     std::vector<StorageKey> storage;
+    outs.reserve(group.tensors.size());
+    decls.reserve(group.tensors.size());
+    std::unordered_set<std::string_view>& group_names = names[group.subdir];
     for (const PlannedTensor& p : group.tensors) {
-      if (!names.insert(group.subdir + "/" + p.name).second)
+      if (!group_names.insert(p.name).second)
         throw Error("two source tensors map to the same output name").tensor(p.name);
       OutputTensor t;
       t.name = p.name;
@@ -184,7 +209,8 @@ MergePlan build_plan(const PlanInput& input, const OutputOptions& options) {
         t.lora = std::move(fold);
         t.origin += " + LoRA fold";
       }
-      t.nbytes = TensorDecl{t.name, t.dtype, t.shape}.nbytes();
+      decls.push_back({t.name, t.dtype, t.shape});
+      t.nbytes = decls.back().nbytes();
       sizes.push_back(t.nbytes);
       storage.push_back(p.storage);
       outs.push_back(std::move(t));
@@ -193,25 +219,25 @@ MergePlan build_plan(const PlanInput& input, const OutputOptions& options) {
 
     const auto shards = split_into_shards(sizes, storage, group.shard ? options.max_shard_size : UINT64_MAX);
     const std::string prefix = group.subdir.empty() ? "" : group.subdir + "/";
-    nlohmann::json weight_map = nlohmann::json::object();  // sorted, as transformers writes it
+    std::vector<std::pair<std::string_view, size_t>> weight_map;  // tensor -> shard, for the index
     uint64_t total_size = 0, total_params = 0;
     for (size_t s = 0; s < shards.size(); ++s) {
       OutputFile file;
       file.name = prefix + (shards.size() == 1 ? group.file_stem + ".safetensors"
                                                 : shard_file_name(group.file_stem, s, shards.size()));
-      std::vector<TensorDecl> decls;
-      for (size_t i : shards[s]) decls.push_back({outs[i].name, outs[i].dtype, outs[i].shape});
-      const SafetensorsLayout layout = layout_safetensors(decls, group.metadata);
-      file.header = layout.header;
+      std::vector<TensorDecl> shard_decls;
+      shard_decls.reserve(shards[s].size());
+      for (size_t i : shards[s]) shard_decls.push_back(std::move(decls[i]));
+      SafetensorsLayout layout = layout_safetensors(shard_decls, group.metadata);
+      file.header = std::move(layout.header);
       file.size = layout.file_size;
       const auto file_index = static_cast<uint32_t>(plan.files.size());
-      std::unordered_map<std::string, size_t> by_name;
-      for (size_t i : shards[s]) by_name.emplace(outs[i].name, i);
-      for (const auto& placed : layout.tensors) {
-        OutputTensor& t = outs[by_name.at(placed.name)];
-        t.file = file_index;
-        t.offset = placed.file_offset;
-        weight_map[placed.name] = std::filesystem::path(file.name).filename().string();
+      for (size_t k = 0; k < layout.tensors.size(); ++k) {
+        const size_t i = shards[s][layout.order[k]];
+        outs[i].file = file_index;
+        outs[i].offset = layout.tensors[k].file_offset;
+        // The planned tensor's name: outs move into the plan before the index is written.
+        if (shards.size() > 1) weight_map.emplace_back(group.tensors[i].name, s);
       }
       plan.files.push_back(std::move(file));
     }
@@ -221,11 +247,10 @@ MergePlan build_plan(const PlanInput& input, const OutputOptions& options) {
       plan.tensors.push_back(std::move(t));
     }
     if (shards.size() > 1) {
-      // As transformers writes it: sorted keys, 2-space indent, trailing newline.
-      nlohmann::json index;
-      index["metadata"] = {{"total_parameters", total_params}, {"total_size", total_size}};
-      index["weight_map"] = std::move(weight_map);
-      plan.sidecars.push_back({prefix + group.file_stem + ".safetensors.index.json", "", index.dump(2) + "\n"});
+      std::vector<std::string> shard_names;
+      for (size_t s = 0; s < shards.size(); ++s) shard_names.push_back(shard_file_name(group.file_stem, s, shards.size()));
+      plan.sidecars.push_back({prefix + group.file_stem + ".safetensors.index.json", "",
+                               index_json(total_params, total_size, std::move(weight_map), shard_names)});
     }
   }
 

@@ -32,6 +32,11 @@ const std::vector<ModelShape>& model_shapes() {
       // Planning at scale: 66 layers of 512 narrow experts, 101k per-expert tensors saved (0.2B parameters).
       {"moe-101k-tensors", "Qwen3MoeForCausalLM", "qwen3_moe", 64, 96, 66, 4, 2, 1024, false, false, 16, 512, 32, 8, true},
       {"qwen3-30b-a3b", "Qwen3MoeForCausalLM", "qwen3_moe", 2048, 6144, 48, 32, 4, 151936, false, false, 128, 128, 768, 8, true},
+      // DeepSeek-V3's layout at the width of tiny-moe: MLA, a dense first layer, shared experts.
+      {"tiny-deepseek-v3", "DeepseekV3ForCausalLM", "deepseek_v3", 64, 96, 3, 4, 4, 251, false, false, 0, 8, 16, 2,
+       false, 32, 16, 8, 8, 8, 1, 1},
+      {"deepseek-v3", "DeepseekV3ForCausalLM", "deepseek_v3", 7168, 18432, 61, 128, 128, 129280, false, false, 0, 256,
+       2048, 8, false, 1536, 512, 128, 64, 128, 3, 1},
   };
   return shapes;
 }
@@ -96,10 +101,21 @@ std::vector<Param> model_params(const ModelShape& m, int64_t lora_rank, bool fus
   add("model.embed_tokens.weight", {m.vocab, m.hidden});
   for (int64_t l = 0; l < m.layers; ++l) {
     const std::string p = "model.layers." + std::to_string(l) + ".";
-    linear(p + "self_attn.q_proj", q, m.hidden, m.qkv_bias);
-    linear(p + "self_attn.k_proj", kv, m.hidden, m.qkv_bias);
-    linear(p + "self_attn.v_proj", kv, m.hidden, m.qkv_bias);
-    linear(p + "self_attn.o_proj", m.hidden, q, false);
+    if (m.kv_lora_rank > 0) {
+      const int64_t qk = m.qk_nope_head_dim + m.qk_rope_head_dim;
+      linear(p + "self_attn.q_a_proj", m.q_lora_rank, m.hidden, false);
+      add(p + "self_attn.q_a_layernorm.weight", {m.q_lora_rank});
+      linear(p + "self_attn.q_b_proj", m.heads * qk, m.q_lora_rank, false);
+      linear(p + "self_attn.kv_a_proj_with_mqa", m.kv_lora_rank + m.qk_rope_head_dim, m.hidden, false);
+      add(p + "self_attn.kv_a_layernorm.weight", {m.kv_lora_rank});
+      linear(p + "self_attn.kv_b_proj", m.heads * (m.qk_nope_head_dim + m.v_head_dim), m.kv_lora_rank, false);
+      linear(p + "self_attn.o_proj", m.hidden, m.heads * m.v_head_dim, false);
+    } else {
+      linear(p + "self_attn.q_proj", q, m.hidden, m.qkv_bias);
+      linear(p + "self_attn.k_proj", kv, m.hidden, m.qkv_bias);
+      linear(p + "self_attn.v_proj", kv, m.hidden, m.qkv_bias);
+      linear(p + "self_attn.o_proj", m.hidden, q, false);
+    }
     if (m.qk_norm) {
       add(p + "self_attn.q_norm.weight", {hd});
       add(p + "self_attn.k_norm.weight", {hd});
@@ -109,8 +125,10 @@ std::vector<Param> model_params(const ModelShape& m, int64_t lora_rank, bool fus
       linear(at + "up_proj", width, m.hidden, false);
       linear(at + "down_proj", m.hidden, width, false);
     };
-    if (m.experts > 0) {
+    if (m.experts > 0 && l >= m.first_k_dense) {
       add(p + "mlp.gate.weight", {m.experts, m.hidden});  // the router: a Linear PEFT does not target here
+      if (m.model_type == "deepseek_v3") add(p + "mlp.gate.e_score_correction_bias", {m.experts});
+      if (m.shared_experts > 0) mlp(p + "mlp.shared_experts.", m.shared_experts * m.moe_intermediate);
       if (fused_experts) {
         add(p + "mlp.experts.gate_up_proj", {m.experts, 2 * m.moe_intermediate, m.hidden});
         add(p + "mlp.experts.down_proj", {m.experts, m.hidden, m.moe_intermediate});
@@ -305,7 +323,23 @@ SyntheticSummary write_synthetic_fsdp(const SyntheticOptions& o) {
   cfg["max_position_embeddings"] = 4096;
   cfg["dtype"] = o.dtype;
   if (m.head_dim > 0) cfg["head_dim"] = m.head_dim;
-  if (m.experts > 0) {
+  if (m.model_type == "deepseek_v3") {  // DeepSeek-V3's own config keys
+    cfg["n_routed_experts"] = m.experts;
+    cfg["n_shared_experts"] = m.shared_experts;
+    cfg["num_experts_per_tok"] = m.experts_per_token;
+    cfg["moe_intermediate_size"] = m.moe_intermediate;
+    cfg["first_k_dense_replace"] = m.first_k_dense;
+    cfg["n_group"] = 8;
+    cfg["topk_group"] = 4;
+    cfg["routed_scaling_factor"] = 2.5;
+    cfg["norm_topk_prob"] = true;
+    cfg["q_lora_rank"] = m.q_lora_rank;
+    cfg["kv_lora_rank"] = m.kv_lora_rank;
+    cfg["qk_nope_head_dim"] = m.qk_nope_head_dim;
+    cfg["qk_rope_head_dim"] = m.qk_rope_head_dim;
+    cfg["v_head_dim"] = m.v_head_dim;
+    cfg["head_dim"] = m.qk_rope_head_dim;
+  } else if (m.experts > 0) {
     cfg["num_experts"] = m.experts;
     cfg["num_experts_per_tok"] = m.experts_per_token;
     cfg["moe_intermediate_size"] = m.moe_intermediate;

@@ -24,6 +24,12 @@ struct ModelShape {
   int64_t head_dim = 0;  // 0: hidden / heads
   int64_t experts = 0, moe_intermediate = 0, experts_per_token = 0;
   bool qk_norm = false;  // per-head RMSNorm of q and k (q_norm, k_norm [head_dim])
+  // DeepSeek-V3 (model_type deepseek_v3): multi-head latent attention (q and kv down- and
+  // up-projections with their norms) when kv_lora_rank > 0; the first `first_k_dense` layers
+  // dense; each MoE layer with `shared_experts` always-on experts fused in one MLP of width
+  // shared_experts * moe_intermediate, and the router's `e_score_correction_bias` [experts].
+  int64_t q_lora_rank = 0, kv_lora_rank = 0, qk_nope_head_dim = 0, qk_rope_head_dim = 0, v_head_dim = 0;
+  int64_t first_k_dense = 0, shared_experts = 0;
 };
 
 const std::vector<ModelShape>& model_shapes();

@@ -163,13 +163,16 @@ def test_memory_bound_merge(shardmerge_gen_bin, shardmerge_bin, tmp_path):
         shutil.rmtree(tmp_path / "out", ignore_errors=True)
 
 
-def test_fused_experts_merge_per_expert_as_transformers_reads_them(shardmerge_gen_bin, run, tmp_path):
-    """tiny-moe --fused-experts (the run-time layout of transformers 5's Qwen3-MoE: one gate_up_proj
-    and one down_proj per layer): the merge writes per-expert tensors, and transformers, fusing them
-    again as it loads, holds exactly the rank files' fused tensors (read by torch, concatenated)."""
+@pytest.mark.parametrize("shape", ["tiny-moe", "tiny-deepseek-v3"])
+def test_fused_experts_merge_per_expert_as_transformers_reads_them(shardmerge_gen_bin, run, tmp_path, shape):
+    """--fused-experts (the run-time layout of transformers 5's Qwen3-MoE and DeepSeek-V3: one
+    gate_up_proj and one down_proj per layer; DeepSeek-V3 with MLA, a dense first layer, shared
+    experts and the router's e_score_correction_bias): the merge writes per-expert tensors, under
+    the names transformers' own save_pretrained writes, and transformers, fusing them again as it
+    loads, holds exactly the rank files' fused tensors (read by torch, concatenated)."""
     torch = pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")
-    role = generate(shardmerge_gen_bin, tmp_path / "moe", "tiny-moe", 3, "--fused-experts")
+    role = generate(shardmerge_gen_bin, tmp_path / "moe", shape, 3, "--fused-experts")
     states = [torch.load(f, weights_only=False, map_location="cpu")
               for f in sorted(role.glob("model_world_size_3_rank_*.pt"))]
     fused = {k: torch.cat([s[k]._local_tensor for s in states]) for k in states[0] if ".experts." in k}
@@ -177,7 +180,7 @@ def test_fused_experts_merge_per_expert_as_transformers_reads_them(shardmerge_ge
     out = tmp_path / "out"
     run("merge", "--local_dir", role, "--target_dir", out, "--dtype", "fp32")
     names = [n for f in hf_weight_files(out) for n in st_header(f)[0] if n != "__metadata__"]
-    assert "model.layers.0.mlp.experts.3.up_proj.weight" in names and not any(n.endswith("_proj") for n in names)
+    assert "model.layers.1.mlp.experts.3.up_proj.weight" in names and not any(n.endswith("_proj") for n in names)
     model, info = transformers.AutoModelForCausalLM.from_pretrained(str(out), output_loading_info=True,
                                                                     dtype=torch.float32)
     for kind in ("missing_keys", "unexpected_keys", "mismatched_keys"):
@@ -185,3 +188,6 @@ def test_fused_experts_merge_per_expert_as_transformers_reads_them(shardmerge_ge
     sd = model.state_dict()
     for k, v in fused.items():
         assert torch.equal(sd[k], v), k
+    model.save_pretrained(tmp_path / "saved")
+    saved = [n for f in hf_weight_files(tmp_path / "saved") for n in st_header(f)[0] if n != "__metadata__"]
+    assert sorted(names) == sorted(saved)

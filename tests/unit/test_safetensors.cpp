@@ -108,6 +108,20 @@ TEST(SafetensorsWriter, OrderIsAlignmentDescendingThenName) {
   EXPECT_EQ(layout.file_size, expected_offset);
 }
 
+TEST(SafetensorsWriter, NamesAreEscapedAsJson) {
+  // Quotes, backslashes and control characters escaped, UTF-8 kept: what safetensors' writer
+  // (serde_json) writes, and what the header parser reads back.
+  const SafetensorsLayout layout = layout_safetensors(
+      {{"a\"q", DType::U8, {1}}, {"b\\s", DType::U8, {1}}, {"c\tt", DType::U8, {1}}, {"d\xc3\xa9", DType::U8, {1}}}, {});
+  EXPECT_EQ(layout.header.substr(8, layout.header.find_last_not_of(' ') - 7),
+            R"({"a\"q":{"dtype":"U8","shape":[1],"data_offsets":[0,1]},"b\\s":{"dtype":"U8","shape":[1],"data_offsets":[1,2]},)"
+            R"("c\tt":{"dtype":"U8","shape":[1],"data_offsets":[2,3]},"d)" "\xc3\xa9" R"(":{"dtype":"U8","shape":[1],"data_offsets":[3,4]}})");
+  const SafetensorsFile back = SafetensorsFile::from_header(layout.header.substr(8), layout.file_size);
+  ASSERT_EQ(back.tensors().size(), 4u);
+  EXPECT_EQ(back.tensors()[0].name, "a\"q");
+  EXPECT_EQ(back.tensors()[3].name, "d\xc3\xa9");
+}
+
 TEST(SafetensorsWriter, RefusesWhatSafetensorsCannotHold) {
   auto error_of = [](std::vector<TensorDecl> decls) -> std::string {
     try {
