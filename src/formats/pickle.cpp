@@ -101,9 +101,26 @@ void Document::charge(uint64_t bytes) {
 
 Value* Document::make(Kind kind) {
   charge(sizeof(Value));
+  if (!free_.empty()) {
+    Value* v = free_.back();
+    free_.pop_back();
+    v->free_slot = false;
+    v->kind = kind;
+    return v;
+  }
   Value& v = arena_.emplace_back();
   v.kind = kind;
   return &v;
+}
+
+void Document::free_unmarked(uint32_t epoch, std::vector<const Value*>& freed) {
+  for (Value& v : arena_) {
+    if (v.free_slot || v.gc_epoch == epoch) continue;
+    freed.push_back(&v);
+    v = Value{};
+    v.free_slot = true;
+    free_.push_back(&v);
+  }
 }
 
 Value* Document::make_str(std::string text, Kind kind) {
@@ -210,7 +227,8 @@ std::string decimal_to_le_bytes(std::string_view digits, bool negative) {
 
 class Machine {
  public:
-  Machine(std::string_view data, Reconstructors* hooks, Document& doc) : data_(data), hooks_(hooks), doc_(doc) {}
+  Machine(std::string_view data, Reconstructors* hooks, Document& doc, RootItems* root_items)
+      : data_(data), hooks_(hooks), doc_(doc), root_items_(root_items) {}
 
   Value* run() {
     while (true) {
@@ -220,6 +238,7 @@ class Machine {
       op_ = static_cast<uint8_t>(data_[pos_++]);
       if (op_ == '.') {  // STOP
         if (stack_.empty()) fail("STOP with an empty stack");
+        if (streamed_ && stack_.back() != streamed_) throw NotStreamable{};
         return stack_.back();
       }
       step();
@@ -341,6 +360,15 @@ class Machine {
     if (kv.size() % 2) fail("odd number of items for SETITEMS");
     charge_slots(kv.size());
     if (target->kind != Kind::Dict && target->kind != Kind::Object) fail(std::string("SETITEM on a ") + kind_name(target->kind));
+    // The outermost dict: at the bottom of the stack with no MARK below it (a pending one
+    // would make it an item of something else). The streamed dict filled any other way
+    // (pushed again by a memo reference) would mix kept and handed-over items.
+    // (DICT fills a dict before pushing it: then the stack may be empty.)
+    const bool outermost = marks_.empty() && !stack_.empty() && target == stack_.front();
+    if (root_items_ && target->kind == Kind::Dict && (outermost || target == streamed_)) {
+      if (!outermost) throw NotStreamable{};
+      return stream_items(target, kv);
+    }
     for (size_t i = 0; i < kv.size(); i += 2) {
       const size_t at = has_key_semantics(kv[i]) ? find_entry(target, kv[i]) : std::string::npos;
       if (at != std::string::npos)
@@ -349,6 +377,49 @@ class Machine {
         target->entries.emplace_back(kv[i], kv[i + 1]);
     }
   }
+  // The outermost dict keeps its keys (so a repeated one is seen) with a None placeholder for
+  // each value; the items go to the sink, and what only they reached is collected.
+  void stream_items(Value* target, const std::vector<Value*>& kv) {
+    if (streamed_ && streamed_ != target) throw NotStreamable{};  // another dict took the bottom slot
+    if (!placeholder_) placeholder_ = doc_.make(Kind::None);
+    std::vector<std::pair<Value*, Value*>> items;
+    items.reserve(kv.size() / 2);
+    for (size_t i = 0; i < kv.size(); i += 2) {
+      if (has_key_semantics(kv[i]) && find_entry(target, kv[i]) != std::string::npos) throw NotStreamable{};
+      target->entries.emplace_back(kv[i], placeholder_);
+      items.emplace_back(kv[i], kv[i + 1]);
+    }
+    streamed_ = target;
+    root_items_->add(items);
+    // Collect when the live values have doubled since the last collection: amortised linear.
+    if (doc_.live() > 2 * live_after_collection_ + (1u << 16)) collect();
+  }
+
+  // Marks what the stack and the memo reach; frees the rest.
+  void collect() {
+    ++epoch_;
+    std::vector<const Value*> todo(stack_.begin(), stack_.end());
+    for (const auto& [index, v] : memo_) todo.push_back(v);
+    while (!todo.empty()) {
+      const Value* v = todo.back();
+      todo.pop_back();
+      if (!v || v->gc_epoch == epoch_) continue;
+      const_cast<Value*>(v)->gc_epoch = epoch_;
+      todo.insert(todo.end(), v->items.begin(), v->items.end());
+      for (const auto& [k, x] : v->entries) {
+        todo.push_back(k);
+        todo.push_back(x);
+      }
+      for (const Value* p : {v->callable, v->args, v->kwargs, v->state}) todo.push_back(p);
+      if (v->native) v->native->references(todo);
+    }
+    std::vector<const Value*> freed;
+    doc_.free_unmarked(epoch_, freed);
+    for (const Value* v : freed) key_index_.erase(v);
+    root_items_->freed(freed);
+    live_after_collection_ = doc_.live();
+  }
+
   void append_items(Value* target, const std::vector<Value*>& values) {
     if (target->kind != Kind::List && target->kind != Kind::Object && target->kind != Kind::Set)
       fail(std::string("APPEND on a ") + kind_name(target->kind));
@@ -454,6 +525,11 @@ class Machine {
   std::vector<size_t> marks_;
   std::unordered_map<uint64_t, Value*> memo_;
   std::unordered_map<const Value*, KeyIndex> key_index_;
+  RootItems* root_items_ = nullptr;
+  Value* streamed_ = nullptr;     // the dict whose items went to root_items_
+  Value* placeholder_ = nullptr;  // its values' stand-in
+  uint32_t epoch_ = 0;
+  size_t live_after_collection_ = 0;
 };
 
 // Parses the quoted Python repr used by protocol-0 STRING.
@@ -844,13 +920,13 @@ void Machine::step() {
 
 }  // namespace
 
-Document parse(std::string_view data, Reconstructors* hooks, const Limits& limits) {
+Document parse(std::string_view data, Reconstructors* hooks, const Limits& limits, RootItems* root_items) {
   Document doc;
   doc.input_bytes_ = data.size();
   if (__builtin_mul_overflow(static_cast<uint64_t>(data.size()), limits.per_input_byte, &doc.budget_) ||
       __builtin_add_overflow(doc.budget_, limits.base, &doc.budget_))
     doc.budget_ = UINT64_MAX;
-  Machine vm(data, hooks, doc);
+  Machine vm(data, hooks, doc, root_items);
   doc.root_ = vm.run();
   return doc;
 }

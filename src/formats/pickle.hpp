@@ -6,7 +6,10 @@
 // _codecs.encode, getattr on a Global), and whatever a `Reconstructors` hook adds (torch's).
 //
 // Values live in an arena owned by the Document; references between them are plain
-// pointers, so memo sharing and even reference cycles are cheap and safe to destroy.
+// pointers, so memo sharing and even reference cycles are cheap and safe to destroy. A parse
+// may hand the items of its outermost dict to a RootItems sink as they arrive (a state dict of
+// 100k tensors is about 7M values): the values no memo entry or stack slot can reach are then
+// freed and their slots reused, so memory follows one batch of items, not the whole file.
 #pragma once
 
 #include <cstdint>
@@ -42,6 +45,8 @@ const char* kind_name(Kind k);
 // Payload of a Native value; reconstructor hooks define their own subclasses.
 struct Native {
   virtual ~Native() = default;
+  // The values this payload points to (kept alive while it is).
+  virtual void references(std::vector<const struct Value*>&) const {}
 };
 
 struct Value {
@@ -58,6 +63,8 @@ struct Value {
   Value* kwargs = nullptr;                            // Object: NEWOBJ_EX keyword arguments
   Value* state = nullptr;                             // BUILD state (any kind)
   std::unique_ptr<Native> native;                     // Native payload
+  uint32_t gc_epoch = 0;   // the last collection that found it reachable
+  bool free_slot = false;  // freed by a collection; make() reuses it
 
   bool is(Kind k) const { return kind == k; }
   bool is_global(std::string_view module, std::string_view name) const;
@@ -82,6 +89,21 @@ struct Value {
 };
 
 class Document;
+
+// Receives the items of the dict at the bottom of the VM's stack (what torch.save pickles: the
+// state dict) as each SETITEM(S) adds them, instead of the dict keeping them. Values handed to
+// add() may be freed once it returns, and their addresses reused: freed() names them.
+class RootItems {
+ public:
+  virtual ~RootItems() = default;
+  virtual void add(const std::vector<std::pair<Value*, Value*>>& items) = 0;
+  virtual void freed(const std::vector<const Value*>& values) = 0;
+};
+
+// Thrown by parse() with a RootItems sink when the pickle is not one that streams exactly: a
+// key of the outermost dict given twice (the later value would have replaced the one already
+// handed over), or a result that is not that dict. Parse it again without a sink.
+struct NotStreamable {};
 
 // The allowlist extension point. Each hook returns the value to push, or nullptr to leave
 // the operation opaque (an inert Object). Hooks must not execute anything either.
@@ -117,13 +139,18 @@ class Document {
   Value* make_int(int64_t v);
   Value* make_global(std::string module, std::string name);
   size_t size() const { return arena_.size(); }
+  size_t live() const { return arena_.size() - free_.size(); }
+  // The VM's collection: frees every value whose gc_epoch is not `epoch` (appending its
+  // address to `freed`); make() reuses the slots.
+  void free_unmarked(uint32_t epoch, std::vector<const Value*>& freed);
   // Counts `bytes` against the memory budget, before they are allocated; throws past it.
   // Reconstructor hooks call it for what they copy.
   void charge(uint64_t bytes);
 
  private:
-  friend Document parse(std::string_view, Reconstructors*, const Limits&);
+  friend Document parse(std::string_view, Reconstructors*, const Limits&, RootItems*);
   std::deque<Value> arena_;
+  std::vector<Value*> free_;
   Value* root_ = nullptr;
   uint64_t budget_ = UINT64_MAX;  // set by parse() from Limits and the input length
   uint64_t charged_ = 0;
@@ -132,6 +159,8 @@ class Document {
 
 // Runs the VM over one pickle (up to and including STOP). Throws Error("pickle: ...") with
 // the opcode and byte position on malformed input, and when its values outgrow `limits`.
-Document parse(std::string_view data, Reconstructors* hooks = nullptr, const Limits& limits = {});
+// With `root_items`, the outermost dict's items go there (see RootItems, NotStreamable).
+Document parse(std::string_view data, Reconstructors* hooks = nullptr, const Limits& limits = {},
+               RootItems* root_items = nullptr);
 
 }  // namespace shardmerge::pickle

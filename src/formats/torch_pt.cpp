@@ -1,5 +1,6 @@
 #include "formats/torch_pt.hpp"
 
+#include <exception>
 #include <limits>
 #include <unordered_set>
 
@@ -78,6 +79,7 @@ struct TensorNative : pickle::Native {
   TensorView view;           // dtype/size/stride are meaningful either way
   std::string subclass;      // "module.Name" of a tensor subclass, empty for torch.Tensor
   const Value* subclass_state = nullptr;
+  void references(std::vector<const Value*>& out) const override { out.push_back(subclass_state); }
 };
 
 Error decode_error(const std::string& what) { return Error("torch pickle: " + what); }
@@ -525,6 +527,19 @@ class Collector {
  public:
   std::vector<StateEntry> entries;
 
+  // The outermost dict's items, as walk() would take them from the dict.
+  void walk_root_items(const std::vector<std::pair<Value*, Value*>>& items) { walk_entries(items, "", 0); }
+  // Values the VM freed: their addresses may come back as other values.
+  void forget(const std::vector<const Value*>& values) {
+    for (const Value* v : values) visited_.erase(v);
+  }
+  std::vector<StateEntry> take_unique() {
+    std::unordered_set<std::string> names;
+    for (const auto& e : entries)
+      if (!names.insert(e.name).second) throw Error("two tensors are both named '" + e.name + "'");
+    return std::move(entries);
+  }
+
   void walk(const Value& v, const std::string& path, int depth) {
     if (depth > 64) throw decode_error("object nesting deeper than 64 levels at '" + path + "'");
     if (v.kind == Kind::Native) {
@@ -585,10 +600,39 @@ std::optional<StateEntry> tensor_entry(const Value& v, const std::string& name) 
 std::vector<StateEntry> collect_tensors(const Value& root) {
   Collector c;
   c.walk(root, "", 0);
-  std::unordered_set<std::string> names;
-  for (const auto& e : c.entries)
-    if (!names.insert(e.name).second) throw Error("two tensors are both named '" + e.name + "'");
-  return std::move(c.entries);
+  return c.take_unique();
+}
+
+std::vector<StateEntry> read_state_entries(std::string_view pickle_bytes) {
+  // Streamed: each batch of the state dict's items is decoded as it completes and its values
+  // freed, so a file of 100k DTensors never holds their 7M pickle values at once.
+  struct Sink : pickle::RootItems {
+    Collector collector;
+    bool streamed = false;
+    // A bad tensor fails the read only if the dict turns out to be the result (a whole parse
+    // would not look at it otherwise): held until the parse ends.
+    std::exception_ptr failure;
+    void add(const std::vector<std::pair<Value*, Value*>>& items) override {
+      streamed = true;
+      if (failure) return;
+      try {
+        collector.walk_root_items(items);
+      } catch (const Error&) {
+        failure = std::current_exception();
+      }
+    }
+    void freed(const std::vector<const Value*>& values) override { collector.forget(values); }
+  } sink;
+  TorchReconstructors hooks;
+  try {
+    const pickle::Document doc = pickle::parse(pickle_bytes, &hooks, {}, &sink);
+    // Nothing streamed (the outermost object is no dict filled by SETITEM(S)): walk it whole.
+    if (!sink.streamed) return collect_tensors(doc.root());
+    if (sink.failure) std::rethrow_exception(sink.failure);
+    return sink.collector.take_unique();
+  } catch (const pickle::NotStreamable&) {
+    return collect_tensors(parse_torch_pickle(pickle_bytes).root());
+  }
 }
 
 // ---- TorchFile -----------------------------------------------------------------------------
@@ -607,8 +651,7 @@ TorchFile TorchFile::open(const std::string& path) {
     const ZipEntry& pkl = archive.record("data.pkl");
     if (pkl.size > kMaxPickleBytes) throw Error("data.pkl of " + std::to_string(pkl.size) + " bytes is implausibly large");
     const std::string data = read_record_checked(file, pkl);
-    pickle::Document doc = parse_torch_pickle(data);
-    out.entries_ = collect_tensors(doc.root());
+    out.entries_ = read_state_entries(data);
     for (const auto& e : out.entries_) {
       auto check_record = [&](const TensorView& v) {
         const ZipEntry* rec = archive.find_record("data/" + v.storage_key);

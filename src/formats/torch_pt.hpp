@@ -99,6 +99,7 @@ class TorchFile {
   uint64_t file_size() const { return stamp_.size; }
   const FileStamp& stamp() const { return stamp_; }  // when it was opened
   const std::vector<StateEntry>& entries() const { return entries_; }
+  std::vector<StateEntry> take_entries() && { return std::move(entries_); }
   // Absolute file offset of the first byte of a view's storage record.
   uint64_t storage_offset_in_file(const TensorView& view) const;
   // The zip record that holds a view's storage (its CRC-32 is checked as the merge reads it).
@@ -116,6 +117,8 @@ class TorchFile {
 // collect every tensor reachable from the root, named by its dotted path.
 pickle::Document parse_torch_pickle(std::string_view data);
 std::vector<StateEntry> collect_tensors(const pickle::Value& root);
+// parse_torch_pickle then collect_tensors, streamed (the same entries, in bounded memory).
+std::vector<StateEntry> read_state_entries(std::string_view pickle_bytes);
 // One value of such a parse decoded as collect_tensors decodes it (named `name`), or nullopt
 // when it is no tensor.
 std::optional<StateEntry> tensor_entry(const pickle::Value& v, const std::string& name);

@@ -19,8 +19,8 @@ const ZipEntry& TorchFileSummary::record_of(const TensorView& view) const {
 }
 
 TorchFileSummary summarise_torch_file(const std::string& path) {
-  const TorchFile f = TorchFile::open(path);
-  TorchFileSummary out{f.path(), f.stamp(), f.entries(), {}};
+  TorchFile f = TorchFile::open(path);
+  TorchFileSummary out{f.path(), f.stamp(), {}, {}};
   auto add = [&](const TensorView& v) { out.storage_records.try_emplace(v.storage_key, f.storage_record(v)); };
   for (const StateEntry& e : f.entries()) {
     if (const auto* v = std::get_if<TensorView>(&e.value)) add(*v);
@@ -28,6 +28,7 @@ TorchFileSummary summarise_torch_file(const std::string& path) {
     if (const auto* s = std::get_if<ShardedTensorValue>(&e.value))
       for (const auto& l : s->local_shards) add(l.view);
   }
+  out.entries = std::move(f).take_entries();  // not copied: 100k entries are 100+ MB
   return out;
 }
 

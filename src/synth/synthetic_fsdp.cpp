@@ -183,6 +183,21 @@ Placement shard0() {
   return p;
 }
 
+// A dict's items as Python's pickler writes them: batches of 1000, each MARK ... SETITEMS, a
+// batch of one as SETITEM (pickle.py _batch_setitems; the C pickler does the same). `item(i)`
+// writes the key and value of item i.
+template <typename F>
+void batched_setitems(pickle::Writer& w, size_t count, F&& item) {
+  constexpr size_t kBatch = 1000;
+  for (size_t begin = 0; begin < count; begin += kBatch) {
+    const size_t end = std::min(count, begin + kBatch);
+    if (end - begin > 1) w.mark();
+    for (size_t i = begin; i < end; ++i) item(i);
+    if (end - begin > 1) w.setitems();
+    else w.setitem();
+  }
+}
+
 // One rank's torch.save(model.state_dict()) of an FSDP2 model on a 1-D ("fsdp",) mesh.
 uint64_t write_rank_file(const std::vector<Param>& params, int64_t world, int64_t rank, bool bf16, const std::string& path) {
   TorchSaveWriter out;
@@ -190,10 +205,9 @@ uint64_t write_rank_file(const std::vector<Param>& params, int64_t world, int64_
   out.global("collections", "OrderedDict");
   w.empty_tuple().reduce();
   w.put();
-  w.mark();
   const MeshOut mesh{{world}, {"fsdp"}, {"0"}, rank};
   std::vector<std::string> keys(params.size());
-  for (size_t i = 0; i < params.size(); ++i) {
+  batched_setitems(w, params.size(), [&](size_t i) {
     const Param& p = params[i];
     w.str(p.name);
     w.put();
@@ -206,8 +220,7 @@ uint64_t write_rank_file(const std::vector<Param>& params, int64_t world, int64_
     std::vector<int64_t> local = p.shape;
     local[0] = rows;
     out.dtensor({bf16 ? DType::BF16 : DType::F32, p.shape, {shard0()}, local, keys[i], chunk * row}, mesh);
-  }
-  w.setitems();
+  });
   return out.write(path);
 }
 
@@ -227,11 +240,13 @@ uint64_t write_optim_file(const std::vector<Param>& params, bool lora, int64_t w
   w.put();
   w.empty_dict();
   w.put();
-  w.mark();
-  int64_t index = 0;
-  for (const Param& p : params) {
-    if (p.shares >= 0 || (lora && !p.adapter)) continue;
-    w.integer(index++).empty_dict();
+  std::vector<const Param*> trained;
+  for (const Param& p : params)
+    if (p.shares < 0 && (!lora || p.adapter)) trained.push_back(&p);
+  const auto index = static_cast<int64_t>(trained.size());
+  batched_setitems(w, trained.size(), [&](size_t i) {
+    const Param& p = *trained[i];
+    w.integer(static_cast<int64_t>(i)).empty_dict();
     w.put();
     w.mark().str("step");
     // A storage of its own per step, as torch saves them: AdamW increments each in place.
@@ -251,16 +266,21 @@ uint64_t write_optim_file(const std::vector<Param>& params, bool lora, int64_t w
       out.dtensor({bf16 ? DType::BF16 : DType::F32, p.shape, {shard0()}, local, key, rows * row}, mesh);
     }
     w.setitems();
-  }
-  w.setitems();
+  });
   w.str("param_groups").empty_list().empty_dict().mark();
   w.str("lr").real(1e-6).str("betas").real(0.9).real(0.999).tuple(2).str("eps").real(1e-8);
   w.str("weight_decay").real(0.01).str("amsgrad").boolean(false).str("maximize").boolean(false);
   w.str("foreach").none().str("capturable").boolean(false).str("differentiable").boolean(false);
   w.str("fused").none().str("decoupled_weight_decay").boolean(true).str("initial_lr").real(1e-6);
-  w.str("params").empty_list().mark();
-  for (int64_t i = 0; i < index; ++i) w.integer(i);
-  w.appends().setitems().append();
+  w.str("params").empty_list();
+  for (int64_t begin = 0; begin < index; begin += 1000) {  // pickle.py _batch_appends
+    const int64_t end = std::min(index, begin + 1000);
+    if (end - begin > 1) w.mark();
+    for (int64_t i = begin; i < end; ++i) w.integer(i);
+    if (end - begin > 1) w.appends();
+    else w.append();
+  }
+  w.setitems().append();
   w.setitems();
   return out.write(path);
 }

@@ -9,12 +9,15 @@
 #include <filesystem>
 #include <limits>
 #include <map>
+#include <sstream>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
 #include "formats/safetensors.hpp"
 #include "formats/torch_pt.hpp"
+#include "formats/zip.hpp"
+#include "synth/synthetic_fsdp.hpp"
 #include "shardmerge/error.hpp"
 #include "test_support.hpp"
 #include "util/file.hpp"
@@ -620,6 +623,129 @@ std::string collect_error(const std::string& pickle_bytes) {
   }
   ADD_FAILURE() << "no error";
   return "";
+}
+
+// What a reader derives from an entry, as text: two decodings agree when these agree.
+std::string entry_text(const StateEntry& e) {
+  std::ostringstream out;
+  out << e.name << ' ' << dtype_name(e.dtype()) << " [";
+  for (int64_t d : e.global_shape()) out << d << ',';
+  out << "] kind " << e.value.index();
+  auto view = [&out](const TensorView& v) {
+    out << " storage " << v.storage_key << '@' << v.storage_offset << " size";
+    for (int64_t d : v.size) out << ' ' << d;
+  };
+  if (const auto* v = std::get_if<TensorView>(&e.value)) view(*v);
+  if (const auto* d = std::get_if<DTensorValue>(&e.value)) {
+    view(d->local);
+    for (const Placement& p : d->placements) out << ' ' << p.to_string();
+    for (int64_t c : d->mesh.coordinate) out << " @" << c;
+  }
+  if (const auto* t = std::get_if<ShardedTensorValue>(&e.value))
+    for (const auto& l : t->local_shards) view(l.view);
+  return out.str();
+}
+
+std::vector<std::string> entry_texts(const std::vector<StateEntry>& entries) {
+  std::vector<std::string> out;
+  for (const StateEntry& e : entries) out.push_back(entry_text(e));
+  return out;
+}
+
+std::string data_pkl(const std::string& path) {
+  const File file = File::open_read(path);
+  return read_record_checked(file, TorchArchive::read(file).record("data.pkl"));
+}
+
+TEST(TorchStreaming, EqualsTheWholeParseOnEveryFixtureFile) {
+  // Rank files, optimizer and extra-state files of every producer the fixtures hold.
+  SHARDMERGE_REQUIRE_FIXTURES();
+  size_t files = 0;
+  for (const auto& e : std::filesystem::recursive_directory_iterator(fixtures_dir())) {
+    if (e.path().extension() != ".pt" || e.path().string().find("hostile") != std::string::npos) continue;
+    const std::string pickle_bytes = data_pkl(e.path().string());
+    EXPECT_EQ(entry_texts(read_state_entries(pickle_bytes)), entry_texts(collect(pickle_bytes))) << e.path();
+    ++files;
+  }
+  EXPECT_GE(files, 100u);
+}
+
+TEST(TorchStreaming, ManyBatchesOfDTensorsDecodeAsTheWholeParse) {
+  // 3,000+ DTensors in batches of 1000 that share one memoized mesh and dtype: the streamed
+  // parse frees each batch's values, and gives the same entries.
+  const std::filesystem::path dir = std::filesystem::temp_directory_path() / ("sm-stream-" + std::to_string(::getpid()));
+  synth::SyntheticOptions o;
+  o.out_dir = dir.string();
+  o.model = "moe-101k-tensors";
+  o.layers = 2;
+  o.world_size = 2;
+  o.dtype = "bfloat16";
+  const std::string role = synth::write_synthetic_fsdp(o).role_dir;
+  const std::string pickle_bytes = data_pkl(role + "/model_world_size_2_rank_1.pt");
+  std::filesystem::remove_all(dir);
+  const auto streamed = read_state_entries(pickle_bytes);
+  ASSERT_GT(streamed.size(), 3000u);
+  EXPECT_EQ(entry_texts(streamed), entry_texts(collect(pickle_bytes)));
+}
+
+TEST(TorchStreaming, ATensorSharedAcrossBatchesOutlivesTheCollections) {
+  // A DTensor memoized in the first batch and referenced again five batches later (one
+  // Parameter under two names, as a tied lm_head is pickled): what its wrapper points to must
+  // survive every collection in between. Fillers in between, half of them nested dicts.
+  auto memo_index = [](uint32_t i) { return std::string(reinterpret_cast<const char*>(&i), 4); };
+  const std::string local = pk::tensor(pk::storage("w", 8), 0, {2, 4}, {4, 1});
+  std::string p = "\x80\x02}(";
+  p += pk::str("w");
+  p += pk::dtensor({4, 4}, local, pk::mesh({2}, {1}), {pk::shard(0)});
+  p += "r";
+  p += memo_index(900000);
+  int filler = 0;
+  for (int batch = 0; batch < 6; ++batch) {
+    for (int i = 0; i < 999; ++i, ++filler) {
+      std::string name = "f";
+      name += std::to_string(filler);
+      p += pk::str(name);
+      // Every other one a nested dict {"w": tensor}: containers the collector has walked are
+      // freed too, and their addresses come back as new ones.
+      if (filler % 2) p += "}(" + pk::str("w");
+      p += pk::tensor(pk::storage(std::to_string(filler), 4), 0, {4}, {1});
+      if (filler % 2) p += "u";
+    }
+    p += "u(";
+  }
+  p += pk::str("tied");
+  p += "j";
+  p += memo_index(900000);
+  p += "u.";
+  const auto streamed = read_state_entries(p);
+  ASSERT_EQ(streamed.size(), 5996u);
+  EXPECT_EQ(entry_texts(streamed), entry_texts(collect(p)));
+  EXPECT_EQ(entry_text(streamed.back()).substr(4), entry_text(streamed.front()).substr(1));
+}
+
+TEST(TorchStreaming, RepeatedOrWrappedStateDictsFallBackToTheWholeParse) {
+  const std::string a = pk::tensor(pk::storage("0", 4), 0, {4}, {1}), b = pk::tensor(pk::storage("1", 2), 0, {2}, {1});
+  // "w" again in a second SETITEMS batch: the later tensor, at the first position (Python's dict).
+  std::string repeated = "\x80\x02}(";
+  for (const std::string& piece : {pk::str("w"), a, pk::str("x"), a, std::string("u("), pk::str("w"), b, std::string("u.")})
+    repeated += piece;
+  ASSERT_EQ(collect(repeated).size(), 2u);
+  EXPECT_EQ(entry_texts(read_state_entries(repeated)), entry_texts(collect(repeated)));
+  EXPECT_EQ(std::get<TensorView>(read_state_entries(repeated)[0].value).storage_key, "1");
+  // The state dict inside a tuple: its tensors are named "0.w".
+  std::string wrapped = "\x80\x02}(";
+  for (const std::string& piece : {pk::str("w"), a, pk::str("x"), b, std::string("u\x85.")}) wrapped += piece;
+  EXPECT_EQ(entry_texts(read_state_entries(wrapped)), entry_texts(collect(wrapped)));
+  EXPECT_EQ(read_state_entries(wrapped)[0].name, "0.w");
+  // A bad tensor in a streamed dict that is not the result: a whole parse never decodes it.
+  const std::string bad = pk::tensor(pk::storage("2", 2), 0, {8}, {1});  // 8 elements in a storage of 2
+  std::string unused = "\x80\x02}(";
+  for (const std::string& piece : {pk::str("w"), bad, std::string("uK\x01.")}) unused += piece;
+  EXPECT_TRUE(collect(unused).empty());
+  EXPECT_TRUE(read_state_entries(unused).empty());
+  std::string used = "\x80\x02}(";
+  for (const std::string& piece : {pk::str("w"), bad, std::string("u.")}) used += piece;
+  EXPECT_THROW(read_state_entries(used), Error);
 }
 
 TEST(TorchPickle, HandAssembledDTensorDecodes) {
