@@ -4,7 +4,7 @@
 // same-dtype bf16 copy, and the LoRA fold's sgemm W += B·A on a 2 MiB fp32 slab of W. Run with
 // --threads N, every thread does the same on its own buffers at once (aggregate rate).
 // These figures size a merge on paper: cores needed = storage GB/s / per-core GB/s of the
-// steps its bytes take (README, Benchmarks).
+// steps its bytes take (docs/benchmarks.md).
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <chrono>

@@ -13,7 +13,7 @@ an output file needs from another node) and what moved them (MPI, or NCCL betwee
 --transport), and the merge-time ratio to (a).
 On one machine every "node" shares the same disk, page cache and cores, so this measures the
 overhead of the node-local path (summaries all-gathered, slices moved between processes), not the
-scale-out of N real nodes; the README sizes that on paper.
+scale-out of N real nodes; docs/multi-node.md sizes that on paper.
 
 Rank files are hard links into one generated checkpoint (no copies). Needs root (mount) and
 mpirun (openmpi-bin), and shardmerge built with MPI.

@@ -47,7 +47,7 @@ void add_lora_alpha_options(CLI::App* cmd, double& alpha, bool& force) {
 void add_device_options(CLI::App* cmd, std::string& device, std::string& gpu_memory) {
   cmd->add_option("--device", device,
                   "Executor: cpu, cuda (all GPUs), cuda:0,1 (these GPUs), auto (the GPU where it is predicted at least "
-                  "25% faster than the CPU cores, by measured rates; README)");
+                  "25% faster than the CPU cores, by measured rates; docs/executors.md)");
   cmd->add_option("--gpu-memory,--gpu_memory", gpu_memory,
                   "GPU memory each device may use, e.g. 8GiB (auto: the smaller of 4 GiB and 80% of what is free)")
       ->check(byte_size_check(true));

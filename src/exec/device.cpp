@@ -39,7 +39,7 @@ namespace {
 
 // Bytes read + written per second, measured by bench/gpu_check.sh on an H200 node (16 cores,
 // PCIe H2D/D2H 55 GB/s) on 2026-12-04, Qwen2.5-1.5B-shaped fp32 FSDP checkpoint (8 rank files)
-// to bf16, from the page cache into a discarding sink (the README has the table):
+// to bf16, from the page cache into a discarding sink (docs/executors.md has the table):
 //   CPU executor: 70.6 GB/s for casts and copies (4.4 per core), 29.9 GB/s with LoRA r=64 (1.9 per core);
 //   CUDA executor: 19.8 GB/s for casts and copies, 15.0 GB/s with LoRA r=64.
 // A merge to disk is bounded by the disk long before either, so ties go to the CPU: it holds

@@ -345,7 +345,7 @@ def test_world_size_sources(manifest, fixtures, run, tmp_path):
 @pytest.mark.parametrize("ranks", [[2], [3], [1], [0], [2, 3], [0, 1]], ids=lambda r: "del" + "_".join(map(str, r)))
 def test_hsdp_missing_replica_still_merges(ranks, manifest, fixtures, run, tmp_path):
     """HSDP (ddp=2, fsdp=2): ranks 2,3 replicate ranks 0,1. Any set of missing ranks that leaves
-    one copy of every fsdp shard must merge to the same weights (README: missing ranks are only
+    one copy of every fsdp shard must merge to the same weights (docs/fsdp.md: missing ranks are only
     an error when their data has no replica)."""
     need_torch()
     from e2e_util import assert_tensors_bitwise, expected_base, load_hf
@@ -1122,7 +1122,7 @@ def test_bad_flag_value_exits_2_other_commands(args, manifest, fixtures, run, tm
 
 
 def test_missing_path_exits_2_everywhere(manifest, fixtures, run, tmp_path):
-    """README: 2 for usage errors such as a missing path, in every subcommand."""
+    """docs/usage.md: 2 for usage errors such as a missing path, in every subcommand."""
     missing = tmp_path / "does-not-exist"
     hf = fixtures / manifest["hf_base"]["qwen2"]
     role = fixtures / entry(manifest, "qwen2_fsdp2_w2")["role_dir"]

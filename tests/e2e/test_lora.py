@@ -149,7 +149,7 @@ def test_drop_and_both(lora_fx, fixtures, merged):
 
 
 def test_default_is_fold_without_adapter(lora_fx, fixtures, merged, run, tmp_path):
-    """README: the default folds LoRA, writes no adapter, and says in one line how to get verl's layout."""
+    """docs/usage.md: the default folds LoRA, writes no adapter, and says in one line how to get verl's layout."""
     default = merged(lora_fx)
     assert tree_digest(default) == tree_digest(merged(lora_fx, "--lora", "fold")), "default vs --lora fold"
     assert not [p for p in default.rglob("*") if "adapter" in p.name], "the default wrote an adapter"
