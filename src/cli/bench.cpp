@@ -348,8 +348,7 @@ int run_bench(const BenchOptions& o) {
       j["lora_rank"] = o.checkpoint.lora_rank;
       j["dtype"] = o.checkpoint.dtype;
       j["fused_experts"] = o.checkpoint.fused_experts;
-      j["layers"] = synth::find_model(o.checkpoint.model).layers;
-      if (o.checkpoint.layers) j["layers"] = o.checkpoint.layers;
+      j["layers"] = o.checkpoint.layers ? o.checkpoint.layers : synth::find_model(o.checkpoint.model).layers;
     } else {
       j["local_dir"] = o.local_dir;
     }
