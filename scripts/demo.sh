@@ -3,7 +3,7 @@
 # FSDP2 run root: Qwen2-shaped tiny model, 2 ranks) and check the result bit for bit.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-scripts/setup.sh
+TARGETS=shardmerge scripts/setup.sh
 BIN=${BUILD_DIR:-build}/shardmerge
 OUT=${1:-demo-merged}
 echo

@@ -3,7 +3,8 @@
 #   scripts/setup.sh            build tools + C++ dependencies, then build (Release)
 #   WITH_PYTHON=1 scripts/setup.sh   also a venv (.venv) with torch/transformers/peft/verl/megatron-core
 #                                    for the fixture generator and the end-to-end tests
-# Environment: BUILD_DIR (default build), WERROR=1 (warnings are errors), CMAKE_ARGS.
+# Environment: BUILD_DIR (default build), WERROR=1 (warnings are errors), CMAKE_ARGS, TARGETS (what to
+# build, default all: the demo builds only the shardmerge binary).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD_DIR=${BUILD_DIR:-build}
@@ -35,4 +36,5 @@ if [ "$WITH_PYTHON" = 1 ]; then
 fi
 # shellcheck disable=SC2086
 cmake -S . -B "$BUILD_DIR" "${cmake_args[@]}" ${CMAKE_ARGS:-} >/dev/null
-cmake --build "$BUILD_DIR" -j "$(nproc)"
+# shellcheck disable=SC2086
+cmake --build "$BUILD_DIR" -j "$(nproc)" ${TARGETS:+--target $TARGETS}

@@ -11,6 +11,7 @@
 #include "geometry/sharding.hpp"
 #include "layouts/megatron.hpp"
 #include "layouts/names.hpp"
+#include "plan/megatron_tp.hpp"
 #include "shardmerge/error.hpp"
 #include "util/json_fields.hpp"
 #include "util/shape.hpp"
@@ -330,27 +331,12 @@ SourceSet combine_megatron_legacy(const MegatronRole& role, const nlohmann::orde
         name = layers + std::to_string(base->second + *l) + "." + rest;
       }
     const std::string origin = "legacy mp_rank, tp=" + std::to_string(tp);
-    const bool expert = name.find(".mlp.experts.") != std::string::npos;
-    // Experts with expert-TP 1 are whole on every TP rank: take one copy.
-    const std::vector<int64_t>& first_size = shards[0].view->size;
-    const bool expert_replicated =
-        expert && !first_size.empty() &&
-        (name.find("linear_fc1") != std::string::npos ? first_size[0] / 2 == moe_ffn && first_size[0] % 2 == 0
-                                                      : first_size.back() == moe_ffn);
     SourceTensor t;
-    const bool row_parallel = name.find("self_attention.linear_proj.weight") != std::string::npos ||
-                              name.find("linear_fc2.weight") != std::string::npos;
-    if (name.find("_norm") != std::string::npos || name.find("layernorm") != std::string::npos ||
-        name.find("router") != std::string::npos || expert_replicated || tp == 1 ||
-        (name.rfind("output_layer", 0) == 0 && !first_size.empty() && first_size[0] == 1) ||
-        (name.find(".bias") != std::string::npos && row_parallel) || name.find("gate_weight") != std::string::npos) {
-      t = concat(name, {shards.front()}, 0, origin);
-    } else if (name.find("linear_fc1.weight") != std::string::npos) {
-      t = concat_gate_up(name, shards, origin);
-    } else if (row_parallel) {
-      t = concat(name, shards, 1, origin);
-    } else {
-      t = concat(name, shards, 0, origin);  // column-parallel, QKV (groups stay in order), vocab-parallel
+    switch (legacy_tp_split(name, shards[0].view->size, tp, moe_ffn)) {
+      case LegacyTpSplit::Replicated: t = concat(name, {shards.front()}, 0, origin); break;
+      case LegacyTpSplit::Dim0: t = concat(name, shards, 0, origin); break;
+      case LegacyTpSplit::Dim1: t = concat(name, shards, 1, origin); break;
+      case LegacyTpSplit::GateUp: t = concat_gate_up(name, shards, origin); break;
     }
     if (by_name.count(name)) {
       // The same weight on several stages: the tied output layer's copy on the last stage.

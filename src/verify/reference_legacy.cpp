@@ -3,15 +3,17 @@
 // layouts/megatron.cpp's slices:
 //  - PP/VPP: chunks in (vpp outer, pp inner) order; each adds (largest local layer) + 1.
 //  - EP: local expert j of EP rank e is expert e * (E / ep) + j.
-//  - TP: fc1 rank r holds [gate_r; up_r]; row-parallel linear_proj/fc2 concatenate along dim 1;
-//    norms, routers, row-parallel biases, value heads and expert weights with expert-TP 1 are
-//    replicated (rank 0's copy); everything else concatenates along dim 0.
+//  - TP: which dim a parameter is split along is plan/megatron_tp.hpp's table, the one rule the
+//    planner reads too (the files say nothing of it; the e2e tests pin it to megatron-core's
+//    output). What stays independent here is the assembly: fc1 rank r holds [gate_r; up_r], so its
+//    rows are gathered as index lists; everything else is placed shard after shard along that dim.
 #include <algorithm>
 #include <filesystem>
 #include <map>
 #include <optional>
 
 #include "layouts/names.hpp"
+#include "plan/megatron_tp.hpp"
 #include "shardmerge/error.hpp"
 #include "util/text.hpp"
 #include "verify/reference_assembly.hpp"
@@ -145,20 +147,14 @@ ReferenceSources reference_from_megatron_legacy(const layouts::MegatronRole& rol
     std::vector<Held> shards = by_name.at(name).begin()->second;
     std::sort(shards.begin(), shards.end(), [](const Held& a, const Held& b) { return a.tp < b.tp; });
     const std::vector<int64_t>& size = shards.front().view->size;
-    const bool expert = contains(name, ".mlp.experts.");
-    const bool fc1 = contains(name, "linear_fc1.weight");
-    const bool row_parallel = contains(name, "self_attention.linear_proj.") || contains(name, "linear_fc2.");
-    const bool expert_tp1 = expert && !size.empty() && (fc1 ? size[0] == 2 * moe_ffn : size.back() == moe_ffn);
-    const bool replicated = tp == 1 || contains(name, "_norm") || contains(name, "layernorm") ||
-                            contains(name, "router") || contains(name, "gate_weight") || expert_tp1 ||
-                            (row_parallel && contains(name, ".bias")) ||
-                            (name.rfind("output_layer", 0) == 0 && !size.empty() && size[0] == 1);
+    const LegacyTpSplit split = legacy_tp_split(name, size, tp, moe_ffn);
+    const bool replicated = split == LegacyTpSplit::Replicated;
     if (replicated)
       shards.resize(1);
     else if (static_cast<int64_t>(shards.size()) != tp)
       throw Error("verify: held by " + std::to_string(shards.size()) + " of " + std::to_string(tp) + " TP ranks")
           .tensor(name);
-    const size_t dim = row_parallel && !replicated ? 1 : 0;
+    const size_t dim = split == LegacyTpSplit::Dim1 ? 1 : 0;
     if (size.size() <= dim) throw Error("verify: too few dims to concatenate TP shards").tensor(name);
     ReferenceTensor t{name, shards.front().view->dtype, size, {}};
     t.shape[dim] = 0;
@@ -167,7 +163,7 @@ ReferenceSources reference_from_megatron_legacy(const layouts::MegatronRole& rol
     for (const Held& h : shards) {
       std::vector<std::vector<int64_t>> index;
       for (size_t d = 0; d < h.view->size.size(); ++d) index.push_back(index_range(0, h.view->size[d]));
-      if (fc1 && !replicated) {  // [gate_r; up_r]: gate rows after gate rows, up rows after up rows
+      if (split == LegacyTpSplit::GateUp) {  // [gate_r; up_r]: gate rows after gate rows, up rows after up rows
         const int64_t half = h.view->size[0] / 2, total_half = t.shape[0] / 2;
         index[0] = index_range(at / 2, half);
         const std::vector<int64_t> up = index_range(total_half + at / 2, h.view->size[0] - half);

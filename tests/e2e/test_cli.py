@@ -184,9 +184,10 @@ def test_merge_run_root_uses_tracker_step(manifest, fixtures, run, tmp_path):
 
 def test_merge_run_root_with_role(manifest, fixtures, run, tmp_path):
     fx = entry(manifest, "qwen2_critic_fsdp2_w2")
+    # No actor/ here: the default role is refused, and the error names the roles there are.
     proc = run("merge", "--local_dir", fixtures / fx["run_root"], "--target_dir", tmp_path / "a", check=False)
-    if proc.returncode != 0:  # no actor/ here: the error must say which roles exist
-        assert_one_error_line(proc, "critic", code=proc.returncode)
+    assert_one_error_line(proc, "has no 'actor' checkpoint", "(roles here: critic)", code=1)
+    assert not (tmp_path / "a").exists()
     run("merge", "--local_dir", fixtures / fx["run_root"], "--role", "critic", "--target_dir", tmp_path / "b")
     assert sorted(hf_tensor_names(tmp_path / "b")) == sorted(st_header(fixtures / fx["expected"])[0])
 
@@ -204,19 +205,17 @@ def test_tracker_problems_are_reported(tracker, manifest, fixtures, run, tmp_pat
     if tracker is not None:
         assert j["tracker_ok"] is False, j
         assert any(tracker in w for w in j["warnings"]), j["warnings"]
-    proc = run("merge", "--local_dir", root, "--target_dir", tmp_path / "out", check=False)
-    said = proc.stdout + proc.stderr
-    if tracker == "7":
-        assert "global_step_7" in said or "step 7" in said, said
-    elif tracker == "abc":
-        assert "abc" in said, said
-    else:
-        assert "latest_checkpointed_iteration.txt" in said, said
-    if proc.returncode == 0:
-        # it fell back to some step: it must say which
-        assert "global_step_3" in proc.stdout, proc.stdout
-    else:
-        assert_one_error_line(proc, code=proc.returncode)
+    # A tracker that cannot be followed is a note, not a failure: the highest step is merged, and
+    # the note says why and which.
+    proc = run("merge", "--local_dir", root, "--target_dir", tmp_path / "out")
+    why = {"7": "latest_checkpointed_iteration.txt points to step 7, which has no global_step_7 directory",
+           "abc": "latest_checkpointed_iteration.txt does not hold a step number ('abc')",
+           None: "no latest_checkpointed_iteration.txt"}[tracker]
+    assert f"note: run root: {why}" in proc.stdout, proc.stdout
+    assert f"using the highest step, {root / 'global_step_3'}" in proc.stdout, proc.stdout
+    need_torch()
+    from e2e_util import assert_tensors_bitwise, expected_base, load_hf
+    assert_tensors_bitwise(load_hf(tmp_path / "out"), expected_base(fixtures, fx, "bf16"), f"tracker {tracker!r}")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -248,7 +247,7 @@ def test_hostile_rank_file(hostile_pt_fx, fixtures, manifest, run, tmp_path):
     assert_one_error_line(run("inspect", role / "model_world_size_1_rank_0.pt", check=False),
                           "model_world_size_1_rank_0.pt", *subs)
     proc = run("inspect", role, "--json", check=False)
-    assert proc.returncode in (0, 1)
+    assert proc.returncode == 0, proc.stderr  # a report on a checkpoint that cannot be merged is still a report
     j = json.loads(proc.stdout)
     assert j.get("mergeable") is False, j
     assert any(subs[0].lower() in w.lower() for w in j["warnings"]), j["warnings"]

@@ -13,6 +13,7 @@
 #include "formats/torch_writer.hpp"
 #include "layouts/layout.hpp"
 #include "pipeline/describe.hpp"
+#include "plan/megatron_tp.hpp"
 #include "shardmerge/error.hpp"
 #include "test_support.hpp"
 
@@ -141,6 +142,78 @@ TEST(MegatronLegacy, RowParallelTensorsOfOneDimAreRefused) {
   const Tensors one_dim = {{"decoder.layers.0.self_attention.linear_proj.weight", {4}}};
   const std::string what = legacy_error(root, {{"mp_rank_00", one_dim}, {"mp_rank_01", one_dim}});
   EXPECT_NE(what.find("has 1 dims; its TP shards are concatenated along dim 1"), std::string::npos) << what;
+}
+
+TEST(MegatronLegacyTp, EachParameterHasItsSplit) {
+  // megatron-core's layers: ColumnParallelLinear (QKV, fc1), RowParallelLinear (proj, fc2; the
+  // bias is added after the all-reduce, so every rank holds all of it), VocabParallelEmbedding.
+  const std::vector<std::pair<std::string, LegacyTpSplit>> cases = {
+      {"embedding.word_embeddings.weight", LegacyTpSplit::Dim0},
+      {"decoder.layers.0.input_layernorm.weight", LegacyTpSplit::Replicated},
+      {"decoder.layers.0.self_attention.linear_qkv.weight", LegacyTpSplit::Dim0},
+      {"decoder.layers.0.self_attention.linear_qkv.bias", LegacyTpSplit::Dim0},
+      {"decoder.layers.0.self_attention.linear_qkv.layer_norm_weight", LegacyTpSplit::Replicated},
+      {"decoder.layers.0.self_attention.q_layernorm.weight", LegacyTpSplit::Replicated},
+      {"decoder.layers.0.self_attention.linear_proj.weight", LegacyTpSplit::Dim1},
+      {"decoder.layers.0.self_attention.linear_proj.bias", LegacyTpSplit::Replicated},
+      {"decoder.layers.0.mlp.linear_fc1.weight", LegacyTpSplit::GateUp},
+      {"decoder.layers.0.mlp.linear_fc1.layer_norm_weight", LegacyTpSplit::Replicated},
+      {"decoder.layers.0.mlp.linear_fc2.weight", LegacyTpSplit::Dim1},
+      {"decoder.layers.0.mlp.linear_fc2.bias", LegacyTpSplit::Replicated},
+      {"decoder.layers.0.mlp.router.weight", LegacyTpSplit::Replicated},
+      {"decoder.layers.0.mlp.router.expert_bias", LegacyTpSplit::Replicated},
+      {"decoder.layers.0.mlp.shared_experts.linear_fc1.weight", LegacyTpSplit::GateUp},
+      {"decoder.layers.0.mlp.shared_experts.gate_weight", LegacyTpSplit::Replicated},
+      {"decoder.layers.0.mlp.experts.3.linear_fc1.weight", LegacyTpSplit::GateUp},
+      {"decoder.layers.0.mlp.experts.3.linear_fc2.weight", LegacyTpSplit::Dim1},
+      {"decoder.final_layernorm.weight", LegacyTpSplit::Replicated},
+      {"output_layer.weight", LegacyTpSplit::Dim0},
+  };
+  for (const auto& [name, split] : cases) {
+    EXPECT_EQ(to_string(legacy_tp_split(name, {8, 8}, 2, 16)), std::string(to_string(split))) << name;
+    EXPECT_EQ(legacy_tp_split(name, {8, 8}, 1, 16), LegacyTpSplit::Replicated) << name;
+  }
+  // Expert-TP 1: the shard already has all moe_intermediate_size rows (fc1: gate and up).
+  EXPECT_EQ(legacy_tp_split("decoder.layers.0.mlp.experts.3.linear_fc1.weight", {32, 8}, 2, 16), LegacyTpSplit::Replicated);
+  EXPECT_EQ(legacy_tp_split("decoder.layers.0.mlp.experts.3.linear_fc2.weight", {8, 16}, 2, 16), LegacyTpSplit::Replicated);
+  // A shared expert is not an expert of the router: its fc1 of 2 * moe_ffn rows is still split.
+  EXPECT_EQ(legacy_tp_split("decoder.layers.0.mlp.shared_experts.linear_fc1.weight", {32, 8}, 2, 16), LegacyTpSplit::GateUp);
+  // A critic's value head [1, H] is on every rank whole.
+  EXPECT_EQ(legacy_tp_split("output_layer.weight", {1, 8}, 2, 0), LegacyTpSplit::Replicated);
+}
+
+TEST(MegatronLegacyTp, AParameterNoRuleCoversIsAnErrorWithSeveralTpRanks) {
+  for (const char* name : {"decoder.layers.0.self_attention.linear_q_down_proj.weight", "weight", "decoder.layers.0.mlp.linear_fc1"}) {
+    try {
+      legacy_tp_split(name, {8, 8}, 2, 0);
+      ADD_FAILURE() << name << ": no error";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("no rule for how"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find(name), std::string::npos) << e.what();
+    }
+    EXPECT_EQ(legacy_tp_split(name, {8, 8}, 1, 0), LegacyTpSplit::Replicated) << name;
+  }
+}
+
+TEST(MegatronLegacy, RowParallelBiasesAreOneCopy) {
+  // Every TP rank holds the whole bias of linear_proj and linear_fc2: concatenating the copies
+  // wrote a bias tp times too long.
+  test::TempDir root;
+  MegatronRole role;
+  role.path = root.path().string();
+  for (const char* dir : {"mp_rank_00", "mp_rank_01"}) {
+    write_rank_file(root.path() / dir, {{"decoder.layers.0.self_attention.linear_proj.weight", {4, 2}},
+                                        {"decoder.layers.0.self_attention.linear_proj.bias", {4}},
+                                        {"decoder.layers.0.mlp.linear_fc2.bias", {4}}});
+    role.mp_rank_dirs.push_back((root.path() / dir).string());
+  }
+  const SourceSet set = describe_megatron_legacy(role, nlohmann::ordered_json::object());
+  ASSERT_EQ(set.tensors.size(), 3u);
+  for (const SourceTensor& t : set.tensors) {
+    if (t.name.find(".bias") == std::string::npos) continue;
+    EXPECT_EQ(t.shape, (std::vector<int64_t>{4})) << t.name;
+    ASSERT_EQ(t.pieces.size(), 1u) << t.name;
+  }
 }
 
 }  // namespace
