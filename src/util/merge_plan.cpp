@@ -1,6 +1,7 @@
+// The code of the plan's types (include/shardmerge/plan.hpp): on the ground floor with util/,
+// since every layer above, executors included, uses them.
 #include <algorithm>
 
-#include "geometry/sharding.hpp"
 #include "shardmerge/plan.hpp"
 #include "util/shape.hpp"
 
