@@ -33,6 +33,26 @@ std::string visibility_token(int rank) {
 }
 constexpr const char* kTokenName = ".shardmerge-shared-check";
 
+// Rank 0's temp directory and the token it wrote there.
+struct TempDirNotice {
+  std::string dir;
+  std::string token;
+};
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(TempDirNotice, dir, token)
+
+// What one process did, for the summary.
+struct ProcessStats {
+  uint64_t read = 0;  // from its own disks
+  uint64_t peak_rss = 0;
+  uint64_t lora_folds = 0;
+  uint64_t records_checked = 0;
+  unsigned threads = 0;
+  uint64_t peak_read_bytes_in_flight = 0;
+  uint64_t sent = 0;  // served to the others through the data plane
+};
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(ProcessStats, read, peak_rss, lora_folds, records_checked, threads,
+                                   peak_read_bytes_in_flight, sent)
+
 // Serves this process's sources to the others for as long as it lives (the data plane's
 // end_serving is collective: it returns once every process has finished reading).
 class Serving {
@@ -58,15 +78,16 @@ class Serving {
 
 MergeOutcome merge_distributed(dist::ProcessGroup& group, const std::function<PlannedMerge(dist::ProcessGroup&)>& make_plan,
                                const WriteOptions& o, const MergeHooks& hooks, Executor& executor,
-                               const ExecOptions& exec) {
+                               const std::string& executor_description, const ExecOptions& exec) {
   const auto start = std::chrono::steady_clock::now();
   const bool root = group.rank() == 0;
   MergeOutcome out;
   PlannedMerge& pm = out.planned;
-  const auto digests = dist::run_together(group, [&] {
+  const std::vector<uint64_t> digests = dist::run_together(group, [&] {
     pm = make_plan(group);
-    return std::to_string(dist::plan_digest(pm.plan));
+    return dist::plan_digest(pm.plan);
   });
+  const double plan_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   for (int r = 1; r < group.size(); ++r)
     if (digests[static_cast<size_t>(r)] != digests[0])
       throw Error("process " + std::to_string(r) + " planned a different merge than rank 0 (do all processes see the same "
@@ -83,25 +104,25 @@ MergeOutcome merge_distributed(dist::ProcessGroup& group, const std::function<Pl
   // Rank 0 creates the temp directory; the processes that see it write too.
   std::optional<HfTreeWriter> writer_slot;
   const std::string token = visibility_token(group.rank());
-  const std::string temp = dist::run_together(group, [&] {
-                             HfTreeWriter& writer = writer_slot.emplace(o.target, o.force, pm.role_dir);
-                             for (const std::string& d : pm.other_source_dirs) writer.refuse_overlap(d);
-                             if (!root) return std::string();
-                             writer.create(plan, std::vector<bool>(plan.files.size(), false));
-                             write_small_file(writer.temp_dir() + "/" + kTokenName, token);
-                             return writer.temp_dir() + "\n" + token;
-                           }).at(0);
+  const TempDirNotice temp = dist::run_together(group, [&] {
+                                HfTreeWriter& writer = writer_slot.emplace(o.target, o.force, pm.role_dir);
+                                for (const std::string& d : pm.other_source_dirs) writer.refuse_overlap(d);
+                                if (!root) return TempDirNotice{};
+                                writer.create(plan, std::vector<bool>(plan.files.size(), false));
+                                write_small_file(writer.temp_dir() + "/" + kTokenName, token);
+                                return TempDirNotice{writer.temp_dir(), token};
+                              }).at(0);
   HfTreeWriter& writer = *writer_slot;
-  const std::string temp_dir = temp.substr(0, temp.find('\n'));
-  const auto sees = dist::run_together(group, [&] {
-    if (root) return std::string("1");
+  const std::string& temp_dir = temp.dir;
+  const std::vector<bool> sees = dist::run_together(group, [&] {
+    if (root) return true;
     std::error_code ec;
     const std::string path = temp_dir + "/" + kTokenName;
-    return std::string(fs::is_regular_file(path, ec) && read_small_file(path) == temp.substr(temp.find('\n') + 1) ? "1" : "0");
+    return fs::is_regular_file(path, ec) && read_small_file(path) == temp.token;
   });
   std::vector<int> writers;
   for (int r = 0; r < group.size(); ++r)
-    if (sees[static_cast<size_t>(r)] == "1") writers.push_back(r);
+    if (sees[static_cast<size_t>(r)]) writers.push_back(r);
   const dist::RankShare share =
       dist::share_of(plan, dist::assign_files(plan, group.size(), writers, plane != nullptr), group.rank());
   const bool shared_target = writers.size() == static_cast<size_t>(group.size());
@@ -120,11 +141,11 @@ MergeOutcome merge_distributed(dist::ProcessGroup& group, const std::function<Pl
 
   ExecStats stats;
   dist::SourceServer server(plan, group.rank());
-  const auto all_stats = dist::run_together(group, [&] {
+  const std::vector<ProcessStats> all_stats = dist::run_together(group, [&] {
     if (root) {
       fs::remove(temp_dir + "/" + kTokenName);
       writer.create_files(plan, share.owned_files);
-    } else if (sees[static_cast<size_t>(group.rank())] == "1") {
+    } else if (sees[static_cast<size_t>(group.rank())]) {
       writer.attach(temp_dir, plan, share.owned_files);
     }
     ExecOptions mine = exec;
@@ -135,66 +156,57 @@ MergeOutcome merge_distributed(dist::ProcessGroup& group, const std::function<Pl
     serving.end();
     server.finish();
     writer.sync_files();
-    return nlohmann::json{{"read", stats.bytes_read},
-                          {"written", stats.bytes_written},
-                          {"rss", peak_rss_bytes()},
-                          {"folds", stats.lora_folds},
-                          {"sent", plane ? plane->bytes_served() : 0}}
-        .dump();
+    return ProcessStats{stats.bytes_read,
+                        peak_rss_bytes(),
+                        stats.lora_folds,
+                        stats.records_checked,
+                        stats.threads,
+                        stats.peak_read_bytes_in_flight,
+                        plane ? plane->bytes_served() : 0};
   });
   // --verify: once every process has written and synced its files, the root compares the whole
   // tree, still in the temp dir, with the checkpoint assembled from its own metadata,
   // independently of the plan the processes shared; the others wait for its answer. An output
   // that fails is never committed.
   std::optional<ReferenceCheck>& check = out.check;
-  const auto verdict = dist::run_together(group, [&] {
-    if (!root || !o.verify) return std::string();
+  const std::vector<bool> equal = dist::run_together(group, [&] {
+    if (!root || !o.verify) return true;
     check = verify_against_sources(pm, temp_dir);
-    return std::string(check->diff.equal() ? "" : "differs");
+    return check->diff.equal();
   });
-  if (o.verify && !verdict.at(0).empty()) {
+  if (!equal.at(0)) {
     if (root && hooks.on_verify_failed) hooks.on_verify_failed(*check);
     throw Error("verification failed: the merged output differs from the source; nothing was written to " + o.target);
   }
   dist::run_together(group, [&] {
     if (root) writer.commit(plan);
-    return std::string();
   });
   if (!root) return out;
 
-  uint64_t read = 0, peak = 0, folds = 0, sent = 0;
-  for (const auto& s : all_stats) {
-    const auto j = nlohmann::json::parse(s);
-    read += j["read"].get<uint64_t>();
-    peak = std::max<uint64_t>(peak, j["rss"].get<uint64_t>());
-    folds += j["folds"].get<uint64_t>();
-    sent += j["sent"].get<uint64_t>();
+  MergeSummary& summary = out.summary.emplace();
+  summary.source = pm.role_dir;
+  summary.target = o.target;
+  summary.layout = plan.layout;
+  summary.executor = executor_description;
+  summary.processes = MergeSummary::Processes{group.size(), group.transport(), plane ? plane->name() : "none",
+                                              node_local,  writers.size(), shared_target, 0};
+  summary.tensors = plan.tensors.size();
+  summary.files = plan.files.size();
+  summary.bytes_written = plan.bytes_written();
+  for (const ProcessStats& s : all_stats) {
+    summary.bytes_read += s.read;
+    summary.peak_rss_bytes = std::max(summary.peak_rss_bytes, s.peak_rss);
+    summary.lora_folds += s.lora_folds;
+    summary.crc_checked_records += s.records_checked;
+    summary.threads = std::max(summary.threads, s.threads);
+    summary.peak_read_bytes_in_flight = std::max(summary.peak_read_bytes_in_flight, s.peak_read_bytes_in_flight);
+    summary.processes->bytes_sent_between_processes += s.sent;
   }
-  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  nlohmann::ordered_json& j = out.summary;
-  j["source"] = pm.role_dir;
-  j["target"] = o.target;
-  j["layout"] = plan.layout;
-  j["processes"] = group.size();
-  j["transport"] = group.transport();
-  j["data_plane"] = plane ? plane->name() : "none";  // what moved the slices between processes
-  j["node_local_sources"] = node_local;
-  j["writers"] = writers.size();
-  j["target_seen_by_all"] = shared_target;
-  j["tensors"] = plan.tensors.size();
-  j["files"] = plan.files.size();
-  j["bytes_read"] = read;  // by the processes from their disks: each source byte once
-  j["bytes_sent_between_processes"] = sent;
-  j["bytes_written"] = plan.bytes_written();
-  j["seconds"] = secs;
-  j["gb_per_s"] = secs > 0 ? static_cast<double>(read + plan.bytes_written()) / secs / 1e9 : 0;
-  j["peak_rss_bytes"] = peak;
-  j["lora_folds"] = folds;
-  j["notes"] = plan.notes;
-  if (check) {
-    j["verified"] = true;
-    j["verify"] = check->summary();
-  }
+  summary.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  summary.plan_seconds = plan_seconds;
+  summary.notes = plan.notes;
+  summary.warnings = plan.warnings;
+  if (check) summary.verify = check->summary();
   return out;
 }
 

@@ -16,6 +16,6 @@ namespace shardmerge::api {
 
 MergeOutcome merge_distributed(dist::ProcessGroup& group, const std::function<PlannedMerge(dist::ProcessGroup&)>& make_plan,
                                const WriteOptions& o, const MergeHooks& hooks, Executor& executor,
-                               const ExecOptions& exec);
+                               const std::string& executor_description, const ExecOptions& exec);
 
 }  // namespace shardmerge::api

@@ -46,6 +46,46 @@ uint64_t tensor_bytes(const MergePlan& plan) {
 
 }  // namespace
 
+double MergeSummary::gb_per_s() const {
+  return seconds > 0 ? static_cast<double>(bytes_read + bytes_written) / seconds / 1e9 : 0;
+}
+
+nlohmann::ordered_json MergeSummary::to_json() const {
+  nlohmann::ordered_json j;
+  j["source"] = source;
+  j["target"] = target;
+  j["layout"] = layout;
+  j["executor"] = executor;
+  if (processes) {
+    j["processes"] = processes->count;
+    j["transport"] = processes->transport;
+    j["data_plane"] = processes->data_plane;
+    j["node_local_sources"] = processes->node_local_sources;
+    j["writers"] = processes->writers;
+    j["target_seen_by_all"] = processes->target_seen_by_all;
+  }
+  j["tensors"] = tensors;
+  j["files"] = files;
+  j["bytes_read"] = bytes_read;
+  if (processes) j["bytes_sent_between_processes"] = processes->bytes_sent_between_processes;
+  j["bytes_written"] = bytes_written;
+  j["seconds"] = seconds;
+  j["plan_seconds"] = plan_seconds;
+  j["gb_per_s"] = gb_per_s();
+  j["peak_rss_bytes"] = peak_rss_bytes;
+  j["lora_folds"] = lora_folds;
+  j["crc_checked_records"] = crc_checked_records;
+  j["threads"] = threads;
+  j["peak_read_bytes_in_flight"] = peak_read_bytes_in_flight;
+  j["notes"] = notes;
+  j["warnings"] = warnings;
+  if (verify) {
+    j["verified"] = true;
+    j["verify"] = *verify;
+  }
+  return j;
+}
+
 PlannedMerge plan_from_file(const std::string& path) {
   const std::optional<dist::LaunchInfo> launch = dist::launch_from_environment();
   PlannedMerge pm;
@@ -80,7 +120,7 @@ MergeOutcome merge(const std::function<PlannedMerge()>& make_plan, const WriteOp
     return merge_distributed(
         *group,
         [&](dist::ProcessGroup& g) { return node_local ? plan_node_local(g, *node_local) : make_plan(); }, o, hooks,
-        *chosen.executor, exec);
+        *chosen.executor, chosen.description, exec);
   }
 
   exec.on_written = hooks.on_written;
@@ -125,32 +165,27 @@ MergeOutcome merge(const std::function<PlannedMerge()>& make_plan, const WriteOp
     writer.commit(plan);
   }
   out.commit_seconds = seconds_since(commit_start);
-  const double secs = seconds_since(start);
   if (!o.profile.empty()) trace.write(o.profile);
 
-  nlohmann::ordered_json& j = out.summary;
-  j["source"] = pm.role_dir;
-  j["target"] = o.target;
-  j["layout"] = plan.layout;
-  j["executor"] = chosen.description;
-  j["tensors"] = plan.tensors.size();
-  j["files"] = plan.files.size();
-  j["bytes_read"] = stats.bytes_read;
-  j["bytes_written"] = plan.bytes_written();
-  j["seconds"] = secs;
-  j["plan_seconds"] = out.plan_seconds;
-  j["gb_per_s"] = secs > 0 ? static_cast<double>(stats.bytes_read + plan.bytes_written()) / secs / 1e9 : 0;
-  j["peak_rss_bytes"] = peak_rss_bytes();
-  j["lora_folds"] = stats.lora_folds;
-  j["crc_checked_records"] = stats.records_checked;
-  j["threads"] = stats.threads;
-  j["peak_read_bytes_in_flight"] = stats.peak_read_bytes_in_flight;
-  j["notes"] = plan.notes;
-  j["warnings"] = plan.warnings;
-  if (out.check) {
-    j["verified"] = out.check->diff.equal();
-    j["verify"] = out.check->summary();
-  }
+  MergeSummary& summary = out.summary.emplace();
+  summary.source = pm.role_dir;
+  summary.target = o.target;
+  summary.layout = plan.layout;
+  summary.executor = chosen.description;
+  summary.tensors = plan.tensors.size();
+  summary.files = plan.files.size();
+  summary.bytes_read = stats.bytes_read;
+  summary.bytes_written = plan.bytes_written();
+  summary.seconds = seconds_since(start);
+  summary.plan_seconds = out.plan_seconds;
+  summary.peak_rss_bytes = peak_rss_bytes();
+  summary.lora_folds = stats.lora_folds;
+  summary.crc_checked_records = stats.records_checked;
+  summary.threads = stats.threads;
+  summary.peak_read_bytes_in_flight = stats.peak_read_bytes_in_flight;
+  summary.notes = plan.notes;
+  summary.warnings = plan.warnings;
+  if (out.check) summary.verify = out.check->summary();
   return out;
 }
 

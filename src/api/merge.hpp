@@ -1,7 +1,7 @@
 // `merge` and `fold-lora`: plan, create the output tree, run the executor, optionally verify,
 // commit; one process, or each of several started by a launcher (torchrun, mpirun), found from
-// the environment. The result is the JSON summary that `merge --json` prints and
-// shardmerge.merge() returns; the hooks let the caller show progress and stop the run.
+// the environment. The result is a MergeSummary, which `merge` prints and shardmerge.merge()
+// returns as JSON; the hooks let the caller show progress and stop the run.
 #pragma once
 
 #include <atomic>
@@ -34,9 +34,39 @@ struct MergeHooks {
   const std::atomic<bool>* cancel = nullptr;
 };
 
+// What a merge did: one type for one process and for several (then `processes` is set and the
+// counts are the processes' together).
+struct MergeSummary {
+  struct Processes {
+    int count = 0;
+    std::string transport;            // what carries the control messages: "MPI", "TCP bootstrap"
+    std::string data_plane;           // what moved slices between processes: "MPI", "NCCL", "none"
+    bool node_local_sources = false;  // some rank files are on one node only
+    size_t writers = 0;               // processes that wrote output files
+    bool target_seen_by_all = false;  // every process saw the temp dir (a shared filesystem)
+    uint64_t bytes_sent_between_processes = 0;
+  };
+  std::string source, target, layout, executor;
+  size_t tensors = 0, files = 0;
+  uint64_t bytes_read = 0;  // from the sources' disks: each source byte once
+  uint64_t bytes_written = 0;
+  double seconds = 0, plan_seconds = 0;
+  uint64_t peak_rss_bytes = 0;  // several processes: the largest
+  uint64_t lora_folds = 0, crc_checked_records = 0;
+  unsigned threads = 0;  // per process
+  uint64_t peak_read_bytes_in_flight = 0;
+  std::vector<std::string> notes, warnings;
+  std::optional<Processes> processes;
+  std::optional<std::string> verify;  // --verify's one-line verdict (the output verified: a failure throws)
+
+  double gb_per_s() const;
+  // What `merge --json` prints and shardmerge.merge() returns.
+  nlohmann::ordered_json to_json() const;
+};
+
 struct MergeOutcome {
-  // The summary (null on the processes of a multi-process merge other than rank 0).
-  nlohmann::ordered_json summary;
+  // The summary (none on the processes of a multi-process merge other than rank 0).
+  std::optional<MergeSummary> summary;
   PlannedMerge planned;
   std::optional<ReferenceCheck> check;
   double plan_seconds = 0, write_seconds = 0, commit_seconds = 0, verify_seconds = 0;

@@ -17,6 +17,15 @@ namespace fs = std::filesystem;
 namespace shardmerge::api {
 namespace {
 
+// The --local_dir each process was given, and rank 0's resolution of it to the role dir (with
+// the notes saying how).
+struct GivenRoleDir {
+  std::string given;
+  std::string dir;
+  std::vector<std::string> notes;
+};
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(GivenRoleDir, given, dir, notes)
+
 // The summaries of the data files this process is the lowest holder of, for the layout the
 // view shows: FSDP rank files, or the items of a dist_ckpt's .distcp files.
 layouts::NodeSummaries summarise_here(const layouts::NodeLocalView& view) {
@@ -79,24 +88,18 @@ bool has_node_local_sources(const MergePlan& plan) {
 PlannedMerge plan_node_local(dist::ProcessGroup& group, const MergeRequest& request) {
   // Every process must be given the same role-dir path (its contents differ from node to node);
   // rank 0, whose node has the sidecars, resolves a run root or step dir to the role dir.
-  const auto given = dist::run_together(group, [&] {
-    nlohmann::json j{{"given", fs::absolute(request.local_dir).lexically_normal().string()}};
-    if (group.rank() == 0) {
-      std::vector<std::string> notes;
-      j["dir"] = fs::absolute(layouts::resolve_role_dir(request.local_dir, request.role, notes)).lexically_normal().string();
-      j["notes"] = notes;
-    }
-    return j.dump();
+  const std::vector<GivenRoleDir> given = dist::run_together(group, [&] {
+    GivenRoleDir g{fs::absolute(request.local_dir).lexically_normal().string(), "", {}};
+    if (group.rank() == 0)
+      g.dir = fs::absolute(layouts::resolve_role_dir(request.local_dir, request.role, g.notes)).lexically_normal().string();
+    return g;
   });
-  const auto root = nlohmann::json::parse(given.at(0));
-  for (size_t r = 1; r < given.size(); ++r) {
-    const std::string theirs = nlohmann::json::parse(given[r]).at("given").get<std::string>();
-    if (theirs != root.at("given").get<std::string>())
-      throw Error("rank " + std::to_string(r) + " was given a different --local_dir than rank 0 (" + theirs + " vs " +
-                  root.at("given").get<std::string>() +
-                  "): every process must be given the same path; its contents may differ from node to node");
-  }
-  const std::string role_dir = root.at("dir").get<std::string>();
+  const GivenRoleDir& root = given.at(0);
+  for (size_t r = 1; r < given.size(); ++r)
+    if (given[r].given != root.given)
+      throw Error("rank " + std::to_string(r) + " was given a different --local_dir than rank 0 (" + given[r].given + " vs " +
+                  root.given + "): every process must be given the same path; its contents may differ from node to node");
+  const std::string& role_dir = root.dir;
   const auto listings = dist::run_together(group, [&] { return layouts::encode_node_files(layouts::list_node_files(role_dir)); });
   std::vector<std::vector<layouts::NodeFile>> files;
   for (const std::string& l : listings) files.push_back(layouts::decode_node_files(l));
@@ -128,8 +131,7 @@ PlannedMerge plan_node_local(dist::ProcessGroup& group, const MergeRequest& requ
     replace_all(what, view->view_dir(), view->role_dir());
     throw Error(what, e.exit_code());
   }
-  const auto root_notes = root.at("notes").get<std::vector<std::string>>();
-  pm.plan.notes.insert(pm.plan.notes.begin(), root_notes.begin(), root_notes.end());
+  pm.plan.notes.insert(pm.plan.notes.begin(), root.notes.begin(), root.notes.end());
   make_real(pm, *view);
   return pm;
 }

@@ -108,27 +108,27 @@ int write_merge(const std::function<PlannedMerge()>& make_plan, const ExecCliOpt
     for (const auto& l : check.diff.report(20)) std::printf("  %s\n", l.c_str());
   };
   const api::MergeOutcome out = api::merge(make_plan, o, hooks, node_local);
-  const nlohmann::ordered_json& j = out.summary;
-  if (j.is_null()) return 0;  // not rank 0 of a multi-process merge
+  if (!out.summary) return 0;  // not rank 0 of a multi-process merge
+  const api::MergeSummary& summary = *out.summary;
   if (cli.json) {
-    std::cout << j.dump(2) << "\n";
+    std::cout << summary.to_json().dump(2) << "\n";
     return 0;
   }
   const MergePlan& plan = out.planned.plan;
-  const auto read = j["bytes_read"].get<uint64_t>(), written = j["bytes_written"].get<uint64_t>();
-  const double secs = j["seconds"].get<double>();
-  const double peak_mib = static_cast<double>(j["peak_rss_bytes"].get<uint64_t>()) / (1 << 20);
-  if (j.contains("processes"))
+  const uint64_t read = summary.bytes_read, written = summary.bytes_written;
+  const double secs = summary.seconds;
+  const double peak_mib = static_cast<double>(summary.peak_rss_bytes) / (1 << 20);
+  if (summary.processes)
     std::printf("shardmerge: %d processes merged %zu tensors into %s: %s read + %s written in %.2f s (%s "
                 "read+written), largest peak RSS %.1f MiB\n",
-                j["processes"].get<int>(), plan.tensors.size(), o.target.c_str(), format_bytes(read).c_str(),
+                summary.processes->count, summary.tensors, o.target.c_str(), format_bytes(read).c_str(),
                 format_bytes(written).c_str(), secs, format_rate(read + written, secs).c_str(), peak_mib);
   else
     std::printf("shardmerge: merged %zu tensors into %s: %s read + %s written in %.2f s (%s read+written), peak RSS "
                 "%.1f MiB\n",
-                plan.tensors.size(), o.target.c_str(), format_bytes(read).c_str(), format_bytes(written).c_str(), secs,
+                summary.tensors, o.target.c_str(), format_bytes(read).c_str(), format_bytes(written).c_str(), secs,
                 format_rate(read + written, secs).c_str(), peak_mib);
-  if (cli.verbose > 0 && !j.contains("processes")) {
+  if (cli.verbose > 0 && !summary.processes) {
     std::printf("shardmerge: phases: plan %.3f s, write %.3f s, fsync+rename %.3f s", out.plan_seconds,
                 out.write_seconds, out.commit_seconds);
     if (o.verify) std::printf(", verify %.3f s", out.verify_seconds);
@@ -139,7 +139,7 @@ int write_merge(const std::function<PlannedMerge()>& make_plan, const ExecCliOpt
   }
   if (out.check) {
     std::printf("shardmerge: %s\n", out.check->summary().c_str());
-    if (!j.contains("processes"))
+    if (!summary.processes)
       for (const auto& l : out.check->diff.report(20)) std::printf("  %s\n", l.c_str());
   }
   return 0;

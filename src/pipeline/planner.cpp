@@ -52,21 +52,79 @@ LoraConfig megatron_lora_config(const layouts::MegatronRole& role, const layouts
   return none;
 }
 
-// Turns the model groups into a plan with the HF sidecars of `hf`.
-MergePlan finish_plan(const SourceSet& sources, const std::string& source_dir, ModelGroups groups,
-                      const layouts::HfTree* hf, std::vector<std::string> notes, const OutputOptions& output) {
+// The one tail of every planner: the LoRA summary, the model groups (from what the planner
+// `found`, and the LoRA options of `req`, a MergeRequest or a FoldLoraRequest), the save-time
+// names where out.saved_names has rules for the rank files' run-time names, then the plan with
+// the HF sidecars of `hf`.
+// What a planner found in the checkpoint: its PEFT split, the LoRA config, whether lm_head is
+// the embedding's alias, and the base's saved names (HF base weights under LoRA modules that
+// carry run-time names).
+struct Found {
+  const PeftSplit* split = nullptr;
+  std::optional<LoraConfig> lora_config = std::nullopt;
+  bool drop_tied_lm_head = false;
+  const SavedNameRules* base_saved_names = nullptr;
+};
+template <typename Request>
+void finish_plan(PlannedMerge& out, const Request& req, const Found& found, const std::string& source_dir,
+                 const layouts::HfTree* hf, std::vector<std::string> notes) {
+  ModelGroupsInput groups;
+  groups.split = found.split;
+  groups.config = found.lora_config;
+  groups.drop_tied_lm_head = found.drop_tied_lm_head;
+  groups.base_saved_names = found.base_saved_names;
+  groups.mode = req.lora;
+  groups.alpha_override = req.lora_alpha;
+  groups.force_alpha = req.force_lora_alpha;
+  out.lora_summary = describe_lora(*groups.split, groups.config);
+  ModelGroups made = make_model_groups(groups);
+  std::deque<SourceTensor> expert_parts;  // what the plan's per-expert tensors are cut from, until it is built
+  if (out.saved_names && !groups.base_saved_names) {
+    apply_saved_names(made.model, *out.saved_names, expert_parts);
+    if (made.unfolded) apply_saved_names(*made.unfolded, *out.saved_names, expert_parts);
+  }
   PlanInput in;
-  in.sources = &sources;
+  in.sources = &out.sources;
   in.source_dir = source_dir;
-  in.model_dirs = groups.model_dirs();
-  in.groups.push_back(std::move(groups.model));
-  if (groups.unfolded) in.groups.push_back(std::move(*groups.unfolded));
-  if (groups.adapter) in.groups.push_back(std::move(*groups.adapter));
-  if (groups.adapter_config) in.extra_sidecars.push_back(*groups.adapter_config);
+  in.model_dirs = made.model_dirs();
+  in.groups.push_back(std::move(made.model));
+  if (made.unfolded) in.groups.push_back(std::move(*made.unfolded));
+  if (made.adapter) in.groups.push_back(std::move(*made.adapter));
+  if (made.adapter_config) in.extra_sidecars.push_back(*made.adapter_config);
   in.hf = hf;
   in.notes = std::move(notes);
-  in.notes.insert(in.notes.end(), groups.notes.begin(), groups.notes.end());
-  return build_plan(in, output);
+  in.notes.insert(in.notes.end(), made.notes.begin(), made.notes.end());
+  out.plan = build_plan(in, req.output);
+}
+
+// An HF model's weights with a PEFT adapter's LoRA (fold-lora, and a Megatron checkpoint whose
+// bridge saved complete HF weights beside verl's adapter). `role_dir` is what the plan's target is
+// kept out of; the base is another source dir unless it lies inside role_dir.
+template <typename Request>
+PlannedMerge plan_hf_with_adapter(const Request& req, const std::string& base_dir, const std::string& adapter_dir,
+                                  const std::string& role_dir, std::vector<std::string> notes) {
+  PlannedMerge out;
+  out.role_dir = role_dir;
+  const std::filesystem::path inside = std::filesystem::path(base_dir).lexically_relative(role_dir);
+  if (inside.empty() || *inside.begin() == "..") out.other_source_dirs = {base_dir};
+  out.sources = describe_hf_weights(base_dir);
+  const size_t base_count = out.sources.tensors.size();
+  AdapterSources adapter = describe_adapter(adapter_dir);
+  append_sources(out.sources, std::move(adapter.tensors));
+  out.sources.description = "HF model " + base_dir + " + PEFT adapter " + adapter_dir;
+
+  PeftSplit split;
+  const std::span<const SourceTensor> all(out.sources.tensors);
+  add_peft_tensors(split, all.first(base_count), /*saved_adapter=*/false);
+  add_peft_tensors(split, all.subspan(base_count), /*saved_adapter=*/true);
+  for (const auto& name : split.replaced)
+    notes.push_back("the adapter saves its own copy of " + name + " (e.g. a trained embedding); it replaces the base's");
+
+  const layouts::HfTree hf = layouts::read_hf_tree(base_dir);
+  const LoraConfig config = lora_config_from_adapter_config(adapter.config, adapter.config_path);
+  finish_plan(out, req, {.split = &split, .lora_config = config, .drop_tied_lm_head = config_ties_embeddings(&hf)}, role_dir,
+              &hf, std::move(notes));
+  return out;
 }
 
 // --hf_model_path: the config and tokenizer to use instead of the checkpoint's own.
@@ -169,7 +227,6 @@ PlannedMerge plan_fsdp(const MergeRequest& req, const layouts::FsdpRole& role, s
                                  (std::filesystem::path(role.huggingface->path) / "config.json").string(), base_shapes,
                                  "--hf_model_path " + given->path + " (the base the LoRA was trained on)");
   const std::optional<LoraConfig> lora_config = split.lora.empty() ? std::nullopt : fsdp_lora_config(role);
-  out.lora_summary = describe_lora(split, lora_config);
 
   // FSDP rank files hold lm_head as trained: only a config that ties it makes it an alias.
   const bool tied = config_ties_embeddings(hf);
@@ -179,15 +236,12 @@ PlannedMerge plan_fsdp(const MergeRequest& req, const layouts::FsdpRole& role, s
   if (req.is_value_model) notes.push_back("--is-value-model only changes Megatron merges; FSDP value heads are written as saved");
   out.saved_names = fsdp_saved_names(req, hf, split, notes);
   // An HF base holds saved names already; the LoRA modules keep the rank files' run-time ones.
-  const SavedNameRules* lora_to_base = base_from_given ? out.saved_names : nullptr;
-  ModelGroups groups =
-      make_model_groups({&split, req.lora, lora_config, req.lora_alpha, tied, req.force_lora_alpha, lora_to_base});
-  std::deque<SourceTensor> expert_parts;  // what the plan's per-expert tensors are cut from, until it is built
-  if (out.saved_names && !base_from_given) {
-    apply_saved_names(groups.model, *out.saved_names, expert_parts);
-    if (groups.unfolded) apply_saved_names(*groups.unfolded, *out.saved_names, expert_parts);
-  }
-  out.plan = finish_plan(out.sources, role.path, std::move(groups), hf, std::move(notes), req.output);
+  finish_plan(out, req,
+              {.split = &split,
+               .lora_config = lora_config,
+               .drop_tied_lm_head = tied,
+               .base_saved_names = base_from_given ? out.saved_names : nullptr},
+              role.path, hf, std::move(notes));
   return out;
 }
 
@@ -207,14 +261,9 @@ PlannedMerge plan_megatron(const MergeRequest& req, const layouts::MegatronRole&
     // left in the weights themselves (verl#4761).
     const std::string adapter = (std::filesystem::path(hf->path) / "adapter").string();
     if (std::filesystem::is_regular_file(std::filesystem::path(adapter) / "adapter_config.json")) {
-      PlannedMerge folded =
-          plan_fold_lora({hf->path, adapter, req.output, req.lora, req.lora_alpha, req.force_lora_alpha});
-      folded.role_dir = role.path;
-      folded.plan.source_dir = role.path;  // what a plan file's merge keeps the target out of
-      folded.other_source_dirs.clear();
-      folded.plan.notes.insert(folded.plan.notes.begin(), "the checkpoint's HF weights in " + hf->path +
-                                                              " are complete; LoRA comes from the PEFT adapter in " + adapter);
-      return folded;
+      notes.push_back("the checkpoint's HF weights in " + hf->path + " are complete; LoRA comes from the PEFT adapter in " +
+                      adapter);
+      return plan_hf_with_adapter(req, hf->path, adapter, role.path, std::move(notes));
     }
     notes.push_back("the checkpoint's HF weights in " + hf->path + " are already complete: nothing to merge, "
                     "writing a verified copy");
@@ -222,11 +271,8 @@ PlannedMerge plan_megatron(const MergeRequest& req, const layouts::MegatronRole&
     const PeftSplit split = split_peft_names(out.sources);
     std::optional<LoraConfig> lora_config;
     if (!split.lora.empty()) lora_config = megatron_lora_config(role, hf);
-    out.lora_summary = describe_lora(split, lora_config);
-    out.plan = finish_plan(out.sources, role.path,
-                           make_model_groups({&split, req.lora, lora_config, req.lora_alpha, config_ties_embeddings(hf),
-                                              req.force_lora_alpha}),
-                           hf, std::move(notes), req.output);
+    finish_plan(out, req, {.split = &split, .lora_config = lora_config, .drop_tied_lm_head = config_ties_embeddings(hf)},
+                role.path, hf, std::move(notes));
     return out;
   }
   const std::optional<layouts::HfTree> given = hf_model_path_tree(req, notes);
@@ -277,42 +323,15 @@ PlannedMerge plan_megatron(const MergeRequest& req, const layouts::MegatronRole&
   add_peft_tensors(split, all.subspan(base_count), /*saved_adapter=*/true);
   std::optional<LoraConfig> lora_config;
   if (!split.lora.empty()) lora_config = megatron_lora_config(role, hf);
-  out.lora_summary = describe_lora(split, lora_config);
   // The mapping already dropped a tied output layer.
-  out.plan = finish_plan(out.sources, role.path,
-                         make_model_groups({&split, req.lora, lora_config, req.lora_alpha, false, req.force_lora_alpha}),
-                         hf, std::move(notes), req.output);
+  finish_plan(out, req, {.split = &split, .lora_config = lora_config}, role.path, hf, std::move(notes));
   return out;
 }
 
 }  // namespace
 
 PlannedMerge plan_fold_lora(const FoldLoraRequest& req) {
-  PlannedMerge out;
-  out.role_dir = req.adapter_dir;
-  out.other_source_dirs = {req.base_dir};
-  out.sources = describe_hf_weights(req.base_dir);
-  const size_t base_count = out.sources.tensors.size();
-  AdapterSources adapter = describe_adapter(req.adapter_dir);
-  append_sources(out.sources, std::move(adapter.tensors));
-  out.sources.description = "HF model " + req.base_dir + " + PEFT adapter " + req.adapter_dir;
-
-  PeftSplit split;
-  const std::span<const SourceTensor> all(out.sources.tensors);
-  add_peft_tensors(split, all.first(base_count), /*saved_adapter=*/false);
-  add_peft_tensors(split, all.subspan(base_count), /*saved_adapter=*/true);
-  std::vector<std::string> notes;
-  for (const auto& name : split.replaced)
-    notes.push_back("the adapter saves its own copy of " + name + " (e.g. a trained embedding); it replaces the base's");
-
-  const layouts::HfTree hf = layouts::read_hf_tree(req.base_dir);
-  const LoraConfig config = lora_config_from_adapter_config(adapter.config, adapter.config_path);
-  out.lora_summary = describe_lora(split, config);
-  out.plan = finish_plan(out.sources, req.adapter_dir,
-                         make_model_groups({&split, req.lora, config, req.lora_alpha, config_ties_embeddings(&hf),
-                                            req.force_lora_alpha}),
-                         &hf, std::move(notes), req.output);
-  return out;
+  return plan_hf_with_adapter(req, req.base_dir, req.adapter_dir, req.adapter_dir, {});
 }
 
 namespace {

@@ -114,7 +114,8 @@ class MergeJob {
     hooks.on_written = [this](uint64_t n) { done_.fetch_add(n, std::memory_order_relaxed); };
     try {
       const std::optional<MergeRequest> request = merge_ ? std::optional(api::to_request(*merge_)) : std::nullopt;
-      summary_ = api::merge(make_plan_, write_, hooks, request ? &*request : nullptr).summary.dump();
+      const api::MergeOutcome out = api::merge(make_plan_, write_, hooks, request ? &*request : nullptr);
+      summary_ = out.summary ? out.summary->to_json().dump() : "null";
     } catch (...) {
       error_ = std::current_exception();
     }

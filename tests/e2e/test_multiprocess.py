@@ -77,3 +77,25 @@ def test_a_failing_process_stops_all_and_leaves_nothing(shardmerge_bin, fixtures
         assert says in stderr, stderr
     assert not target.exists()
     assert not list(tmp_path.glob("out.tmp-*"))
+
+
+def test_the_summary_of_several_processes_is_the_summary_of_one_and_theirs(shardmerge_bin, fixtures, manifest, run,
+                                                                          tmp_path):
+    """One summary type: a 2-process merge reports everything a 1-process merge does (same counts:
+    each source byte read once, each record CRC-checked once), plus how the processes shared it."""
+    import json
+    role = role_of(fixtures, manifest, "qwen2_fsdp2_w4")
+    one = json.loads(run("merge", "--local_dir", role, "--target_dir", tmp_path / "one", "--max-shard-size", "12KB",
+                         "--json").stdout)
+    results = launch(shardmerge_bin, 2, lambda r: ["merge", "--local_dir", role, "--target_dir", tmp_path / "two",
+                                                   "--max-shard-size", "12KB", "--json"])
+    for rank, (code, stdout, stderr) in enumerate(results):
+        assert code == 0, f"rank {rank} exited {code}\n{stdout}\n{stderr}"
+    assert results[1][1] == "", "only rank 0 prints the summary"
+    two = json.loads(results[0][1])
+    assert set(two) == set(one) | {"processes", "transport", "data_plane", "node_local_sources", "writers",
+                                   "target_seen_by_all", "bytes_sent_between_processes"}, sorted(two)
+    for key in ("source", "layout", "executor", "tensors", "files", "bytes_read", "bytes_written", "lora_folds",
+                "crc_checked_records", "notes", "warnings"):
+        assert two[key] == one[key], (key, two[key], one[key])
+    assert two["processes"] == 2 and two["writers"] == 2 and two["target_seen_by_all"] is True, two

@@ -11,25 +11,31 @@
 namespace shardmerge::dist {
 namespace {
 
-// Every process's answer to "can you join an NCCL data plane?": empty, or why not.
+// A process's answer to "can you join an NCCL data plane?": why not (empty: it can), and which
+// GPU it would use.
+struct NcclAnswer {
+  std::string problem;
+  std::string gpu;
+};
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(NcclAnswer, problem, gpu)
+
+// Every process's answer: empty, or why not.
 std::vector<std::string> nccl_problems(ProcessGroup& group, [[maybe_unused]] int& device) {
-  const auto probes = run_together(group, [&] {
+  const std::vector<NcclAnswer> answers = run_together(group, [&] {
 #ifdef SHARDMERGE_HAVE_NCCL
     const NcclProbe p = probe_nccl(group.local_rank());
     device = p.device;
-    return nlohmann::json{{"problem", p.problem}, {"gpu", p.gpu}}.dump();
+    return NcclAnswer{p.problem, p.gpu};
 #else
-    return nlohmann::json{{"problem", "this shardmerge was built without NCCL"}, {"gpu", ""}}.dump();
+    return NcclAnswer{"this shardmerge was built without NCCL", ""};
 #endif
   });
   std::vector<std::string> problems;
   std::map<std::string, size_t> first_on_gpu;
-  for (size_t r = 0; r < probes.size(); ++r) {
-    const auto j = nlohmann::json::parse(probes[r]);
-    std::string problem = j.at("problem").get<std::string>();
-    const std::string gpu = j.at("gpu").get<std::string>();
+  for (size_t r = 0; r < answers.size(); ++r) {
+    std::string problem = answers[r].problem;
     if (problem.empty()) {
-      const auto [it, fresh] = first_on_gpu.emplace(gpu, r);
+      const auto [it, fresh] = first_on_gpu.emplace(answers[r].gpu, r);
       if (!fresh) problem = "it would share its GPU with process rank " + std::to_string(it->second) + " (NCCL needs one GPU per process)";
     }
     problems.push_back(std::move(problem));

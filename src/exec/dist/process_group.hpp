@@ -13,9 +13,12 @@
 #include <functional>
 #include <memory>
 #include <optional>
+#include <nlohmann/json.hpp>
 #include <string>
+#include <type_traits>
 #include <vector>
 
+#include "shardmerge/error.hpp"
 #include "shardmerge/executor.hpp"
 
 namespace shardmerge::dist {
@@ -72,21 +75,58 @@ class ProcessGroup {
   LaunchInfo info_;
 };
 
-// Runs `step` (returning a string) here, then exchanges its result, or its error, with every
-// process: all return everyone's results in rank order, or all throw the first failure. Every
-// collective step of a multi-process merge goes through this, so that a process that fails
-// never leaves the others waiting in a different collective.
+// How a collective step's result travels: a std::string as its bytes (a codec's blob, e.g. the
+// node summaries of layouts/summary_codec.hpp), any other type as the CBOR of its JSON form
+// (nlohmann's to_json/from_json: NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE for a struct).
+template <typename T>
+std::string encode_message(const T& value) {
+  if constexpr (std::is_same_v<T, std::string>) {
+    return value;
+  } else {
+    const std::vector<uint8_t> cbor = nlohmann::json::to_cbor(nlohmann::json(value));
+    return std::string(cbor.begin(), cbor.end());
+  }
+}
+template <typename T>
+T decode_message(const std::string& bytes, int from_rank) {
+  if constexpr (std::is_same_v<T, std::string>) {
+    return bytes;
+  } else {
+    try {
+      return nlohmann::json::from_cbor(bytes).get<T>();
+    } catch (const nlohmann::json::exception& e) {
+      throw Error("process rank " + std::to_string(from_rank) + " sent a message this process cannot read (" + e.what() +
+                  "): are all processes the same shardmerge?");
+    }
+  }
+}
+
+// Runs `step` here, then exchanges its result (a value of the type it returns, or nothing), or
+// its error, with every process: all return everyone's results in rank order, or all throw the
+// first failure. Every collective step of a multi-process merge goes through this, so that a
+// process that fails never leaves the others waiting in a different collective.
 template <typename Step>
-std::vector<std::string> run_together(ProcessGroup& group, Step step) {
+auto run_together(ProcessGroup& group, Step step) {
+  using Result = std::invoke_result_t<Step>;
   std::string out;
   bool ok = true;
   try {
-    out = step();
+    if constexpr (std::is_void_v<Result>) {
+      step();
+    } else {
+      out = encode_message(step());
+    }
   } catch (const std::exception& e) {
     ok = false;
     out = e.what();
   }
-  return group.all_gather(out, ok);
+  const std::vector<std::string> all = group.all_gather(out, ok);
+  if constexpr (!std::is_void_v<Result>) {
+    std::vector<Result> results;
+    results.reserve(all.size());
+    for (size_t r = 0; r < all.size(); ++r) results.push_back(decode_message<Result>(all[r], static_cast<int>(r)));
+    return results;
+  }
 }
 
 // The group for `info`: MPI where built with it and an MPI launcher started the processes, else
