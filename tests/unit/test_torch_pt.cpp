@@ -723,6 +723,27 @@ TEST(TorchStreaming, ATensorSharedAcrossBatchesOutlivesTheCollections) {
   EXPECT_EQ(entry_text(streamed.back()).substr(4), entry_text(streamed.front()).substr(1));
 }
 
+TEST(TorchStreaming, ContainersWhoseSlotsComeBackAreWalkedAgain) {
+  // Every value a container ({"w": tensor}, as an optimizer state's per-parameter dicts), enough
+  // of them for several collections: the collector walks each container once, and the VM frees
+  // a batch's containers and reuses their slots in later batches. A new container at a freed one's address is another object, and its
+  // tensor must be collected.
+  std::string p = "\x80\x02}(";
+  for (int i = 0; i < 20000; ++i) {
+    std::string name = "p";
+    name += std::to_string(i);
+    p += pk::str(name);
+    p += "}(" + pk::str("w");
+    p += pk::tensor(pk::storage(std::to_string(i), 4), 0, {4}, {1});
+    p += "u";
+    if (i % 1000 == 999) p += "u(";
+  }
+  p += "u.";
+  const auto streamed = read_state_entries(p);
+  ASSERT_EQ(streamed.size(), 20000u);
+  EXPECT_EQ(entry_texts(streamed), entry_texts(collect(p)));
+}
+
 TEST(TorchStreaming, RepeatedOrWrappedStateDictsFallBackToTheWholeParse) {
   const std::string a = pk::tensor(pk::storage("0", 4), 0, {4}, {1}), b = pk::tensor(pk::storage("1", 2), 0, {2}, {1});
   // "w" again in a second SETITEMS batch: the later tensor, at the first position (Python's dict).
