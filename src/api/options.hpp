@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "exec/device.hpp"
+#include "exec/dist/data_plane.hpp"
 #include "pipeline/planner.hpp"
 
 namespace shardmerge::api {
@@ -69,6 +70,7 @@ struct WriteOptions {
   // (exec/dist/data_plane.hpp).
   std::string transport = "auto";
 };
+using dist::kTransportChoices;  // --transport's values
 inline const std::string kDefaultTarget = "tmp";  // verl's model_merger writes here without --target_dir
 
 // The executor --device and --gpu-memory choose for `workload`.

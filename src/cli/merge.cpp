@@ -9,10 +9,9 @@
 #include "api/plan.hpp"
 #include "cli/commands.hpp"
 #include "cli/merge_options.hpp"
-#include "exec/dist/data_plane.hpp"
-#include "geometry/sharding.hpp"
 #include "shardmerge/error.hpp"
 #include "util/progress.hpp"
+#include "util/shape.hpp"
 #include "util/units.hpp"
 
 namespace shardmerge::cli {
@@ -68,7 +67,7 @@ void add_exec_options(CLI::App* cmd, ExecCliOptions& cli) {
                   "What moves slices between processes when rank files are node-local: nccl (the processes' GPUs, "
                   "one each), mpi (host memory; mpirun/srun), auto (nccl where every process has a GPU of its own "
                   "and libnccl loads, else mpi where MPI started the processes)")
-      ->check(CLI::IsMember(dist::kTransportChoices))
+      ->check(CLI::IsMember(api::kTransportChoices))
       ->default_str("auto");
   cmd->add_option("--threads", o.threads, "Worker threads; 0: two per core the process may run on");
   cmd->add_option("--memory-limit,--memory_limit", o.memory_limit, "Peak resident memory, e.g. 512MiB, 2GB")

@@ -11,6 +11,7 @@ fenced block a command is a shell command's first word or follows a launcher's a
 line ends; `# comments` are dropped. No placeholder is skipped: a command line whose subcommand
 is not one the binary lists fails. The oracle is the binary's own
 `--help` (CLI11's option lists), not a list kept here."""
+import json
 import os
 import re
 import shlex
@@ -304,3 +305,38 @@ def test_the_readme_merge_example_runs_on_the_demo(shardmerge_bin, tmp_path):
         proc = subprocess.run([shardmerge_bin, *argv[1:]], cwd=tmp_path, capture_output=True, text=True,
                               timeout=300)
         assert proc.returncode == 0, f"README: `{line}` exited {proc.returncode}\n{proc.stdout}\n{proc.stderr}"
+
+
+def plan_file_spec_keys():
+    """The keys docs/plan-file.md lists for the top level and for each object (its tables' first
+    column), by section: {"The top level": {...}, "Source": {...}, ...}."""
+    keys, section = {}, None
+    for line in (REPO / "docs" / "plan-file.md").read_text().splitlines():
+        heading = re.match(r"^#{2,3} (.+)$", line)
+        if heading:
+            section = heading.group(1).strip()
+            continue
+        row = re.match(r"^\| ((?:`[a-z_0-9]+`(?:, )?)+) \|", line)
+        if section and row:
+            keys.setdefault(section, set()).update(re.findall(r"`([a-z_0-9]+)`", row.group(1)))
+    return keys
+
+
+def test_the_plan_file_spec_lists_every_field_the_writer_writes(shardmerge_bin, tmp_path):
+    """docs/plan-file.md against `plan --json` of the demo (with a cast): every object's keys, no
+    more and no fewer, and the cast op's fields."""
+    shutil.copytree(REPO / "demo", tmp_path / "demo", symlinks=True)
+    proc = subprocess.run([shardmerge_bin, "plan", "--local_dir", "demo", "--json"], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    plan = json.loads(proc.stdout)
+    tensor = plan["tensors"][0]
+    written = {"The top level": plan, "Source": plan["sources"][0], "File": plan["files"][0], "Tensor": tensor,
+               "Slice": tensor["copies"][0], "Record": plan["records"][0], "Sidecar": plan["sidecars"][0]}
+    spec = plan_file_spec_keys()
+    for section, obj in written.items():
+        assert spec.get(section) == set(obj), f"docs/plan-file.md '{section}': {sorted(spec.get(section, []))} " \
+                                              f"!= what plan --json writes: {sorted(obj)}"
+    cast = next(op for op in tensor["ops"] if op["op"] == "cast")
+    assert set(cast) == {"op", "from", "to"}, cast
+    assert plan["shardmerge_plan"] == 1
