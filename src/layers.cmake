@@ -30,7 +30,7 @@ set(allowed_reshard reshard write exec layouts geometry formats util shardmerge)
 # One function per operation (inspect, plan, merge, verify) returning its JSON summary: what the
 # CLI's subcommands print and the Python module (python/) returns.
 set(allowed_api api verify write exec pipeline plan layouts geometry formats kernels util shardmerge)
-set(allowed_python python api pipeline util shardmerge)
+set(allowed_python python api util shardmerge)
 set(allowed_cli cli api reshard synth verify write exec pipeline plan layouts geometry formats kernels util shardmerge)
 set(shardmerge_layers shardmerge util kernels formats geometry layouts plan pipeline exec write verify synth reshard api
     python cli)

@@ -86,6 +86,8 @@ nlohmann::ordered_json MergeSummary::to_json() const {
   return j;
 }
 
+namespace {
+
 PlannedMerge plan_from_file(const std::string& path) {
   const std::optional<dist::LaunchInfo> launch = dist::launch_from_environment();
   PlannedMerge pm;
@@ -95,8 +97,20 @@ PlannedMerge plan_from_file(const std::string& path) {
   return pm;
 }
 
-MergeOutcome merge(const std::function<PlannedMerge()>& make_plan, const WriteOptions& o, const MergeHooks& hooks,
-                   const MergeRequest* node_local) {
+PlannedMerge plan_source(const MergeSource& source) {
+  struct Plan {
+    PlannedMerge operator()(const MergeRequest& r) const { return plan_merge(r); }
+    PlannedMerge operator()(const FoldLoraRequest& r) const { return plan_fold_lora(r); }
+    PlannedMerge operator()(const PlanFile& f) const { return plan_from_file(f.path); }
+  };
+  return std::visit(Plan{}, source);
+}
+
+}  // namespace
+
+MergeOutcome merge(const MergeSource& source, const WriteOptions& o, const MergeHooks& hooks) {
+  const MergeRequest* node_local = std::get_if<MergeRequest>(&source);
+  const auto make_plan = [&source] { return plan_source(source); };
   const auto start = Clock::now();
   if (o.target.empty()) throw usage_error("--target_dir is required");
   if (!o.profile.empty()) check_profile_path(o.profile);

@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
+#include <variant>
 
 #include "api/options.hpp"
 #include "pipeline/planner.hpp"
@@ -72,14 +73,18 @@ struct MergeOutcome {
   double plan_seconds = 0, write_seconds = 0, commit_seconds = 0, verify_seconds = 0;
 };
 
-// `o.target` must be given (the CLI fills in verl's default first). `node_local`: the request
-// `make_plan` plans, for a multi-process merge to plan over node-local role directories instead
-// (api/node_local_plan.hpp); without it, every process runs make_plan over what it sees.
-MergeOutcome merge(const std::function<PlannedMerge()>& make_plan, const WriteOptions& o, const MergeHooks& hooks = {},
-                   const MergeRequest* node_local = nullptr);
+// A plan file (`merge --plan`): its plan is run as made, refused if a source this process reads
+// changed since.
+struct PlanFile {
+  std::string path;
+};
+// What a merge plans from: a training checkpoint, an HF model with a PEFT adapter (fold-lora), or
+// a plan file.
+using MergeSource = std::variant<MergeRequest, FoldLoraRequest, PlanFile>;
 
-// A plan file's plan (`merge --plan`), refused if a source this process reads changed since it
-// was made.
-PlannedMerge plan_from_file(const std::string& path);
+// Plans (on the calling thread), writes, verifies, commits. `o.target` must be given (the CLI
+// fills in verl's default first). In a multi-process merge every process plans the same source;
+// a checkpoint's role directory may then be node-local (api/node_local_plan.hpp).
+MergeOutcome merge(const MergeSource& source, const WriteOptions& o, const MergeHooks& hooks = {});
 
 }  // namespace shardmerge::api

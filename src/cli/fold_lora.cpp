@@ -31,7 +31,7 @@ void add_fold_lora(CLI::App& app, Runner& run) {
   add_lora_alpha_options(cmd, o->fold.lora_alpha, o->fold.force_lora_alpha);
   add_exec_options(cmd, o->exec);
   cmd->callback([&run, o] {
-    run = [o] { return write_merge([o] { return plan_fold_lora(api::to_request(o->fold)); }, o->exec); };
+    run = [o] { return write_merge(api::to_request(o->fold), o->exec); };
   });
 }
 

@@ -84,7 +84,7 @@ void add_exec_options(CLI::App* cmd, ExecCliOptions& cli) {
                 "whole; same-dtype copies then go through memory instead of copy_file_range)");
 }
 
-int write_merge(const std::function<PlannedMerge()>& make_plan, const ExecCliOptions& cli, const MergeRequest* node_local) {
+int write_merge(const api::MergeSource& source, const ExecCliOptions& cli) {
   const api::WriteOptions o = with_target(cli.write);
   std::unique_ptr<Progress> progress;
   api::MergeHooks hooks;
@@ -106,7 +106,7 @@ int write_merge(const std::function<PlannedMerge()>& make_plan, const ExecCliOpt
     std::printf("shardmerge: %s\n", check.summary().c_str());
     for (const auto& l : check.diff.report(20)) std::printf("  %s\n", l.c_str());
   };
-  const api::MergeOutcome out = api::merge(make_plan, o, hooks, node_local);
+  const api::MergeOutcome out = api::merge(source, o, hooks);
   if (!out.summary) return 0;  // not rank 0 of a multi-process merge
   const api::MergeSummary& summary = *out.summary;
   if (cli.json) {
@@ -197,9 +197,8 @@ void add_merge(CLI::App& app, Runner& run) {
     }
     o->exec.verbose = o->common.verbose;
     run = [o] {
-      if (!o->plan_file.empty()) return write_merge([o] { return api::plan_from_file(o->plan_file); }, o->exec);
-      const MergeRequest request = api::to_request(o->common.plan);
-      return write_merge([&request] { return plan_merge(request); }, o->exec, &request);
+      if (!o->plan_file.empty()) return write_merge(api::PlanFile{o->plan_file}, o->exec);
+      return write_merge(api::to_request(o->common.plan), o->exec);
     };
   });
 }

@@ -3,11 +3,10 @@
 #pragma once
 
 #include <CLI/CLI.hpp>
-#include <functional>
 #include <string>
 
+#include "api/merge.hpp"
 #include "api/options.hpp"
-#include "pipeline/planner.hpp"
 
 namespace shardmerge::cli {
 
@@ -37,8 +36,6 @@ void add_device_options(CLI::App* cmd, std::string& device, std::string& gpu_mem
 // value fails parsing, so the error names the flag and exits 2.
 CLI::Validator byte_size_check(bool allow_auto = false);
 // Runs api::merge with a progress bar, then prints its summary (as JSON with --json).
-// `node_local`: see api::merge.
-int write_merge(const std::function<PlannedMerge()>& make_plan, const ExecCliOptions& o,
-                const MergeRequest* node_local = nullptr);
+int write_merge(const api::MergeSource& source, const ExecCliOptions& o);
 
 }  // namespace shardmerge::cli

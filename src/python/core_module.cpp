@@ -25,7 +25,6 @@
 #include "api/merge.hpp"
 #include "api/plan.hpp"
 #include "api/verify.hpp"
-#include "pipeline/planner.hpp"
 #include "shardmerge/error.hpp"
 
 namespace nb = nanobind;
@@ -67,15 +66,12 @@ void translate_error(const std::exception_ptr& p, void*) {
   PyErr_SetObject(error_type, err.ptr());
 }
 
-// One merge (or fold-lora, or plan file run) on its own thread: `make_plan` runs there too.
+// One merge (or fold-lora, or plan file run) on its own thread, planning included.
 // Members the thread uses are declared before thread_, which starts it.
 class MergeJob {
  public:
-  // `merge`: the merge's options, so that a multi-process merge under mpirun/srun can plan with
-  // node-local rank files (api/node_local_plan.hpp).
-  MergeJob(std::function<PlannedMerge()> make_plan, api::WriteOptions write,
-           std::optional<api::MergeOptions> merge = std::nullopt)
-      : make_plan_(std::move(make_plan)), write_(std::move(write)), merge_(std::move(merge)), thread_([this] { body(); }) {}
+  MergeJob(api::MergeSource source, api::WriteOptions write)
+      : source_(std::move(source)), write_(std::move(write)), thread_([this] { body(); }) {}
   MergeJob(const MergeJob&) = delete;
   MergeJob& operator=(const MergeJob&) = delete;
   // _api.py always joins; this is for a job dropped without (the merge is abandoned, not finished).
@@ -113,8 +109,7 @@ class MergeJob {
     hooks.on_start = [this](const PlannedMerge&, const std::string&, uint64_t total) { total_ = total; };
     hooks.on_written = [this](uint64_t n) { done_.fetch_add(n, std::memory_order_relaxed); };
     try {
-      const std::optional<MergeRequest> request = merge_ ? std::optional(api::to_request(*merge_)) : std::nullopt;
-      const api::MergeOutcome out = api::merge(make_plan_, write_, hooks, request ? &*request : nullptr);
+      const api::MergeOutcome out = api::merge(source_, write_, hooks);
       summary_ = out.summary ? out.summary->to_json().dump() : "null";
     } catch (...) {
       error_ = std::current_exception();
@@ -126,9 +121,8 @@ class MergeJob {
     ended_cv_.notify_all();
   }
 
-  const std::function<PlannedMerge()> make_plan_;
+  const api::MergeSource source_;
   const api::WriteOptions write_;
-  const std::optional<api::MergeOptions> merge_;
   std::atomic<bool> cancel_{false};
   std::atomic<uint64_t> done_{0}, total_{0};
   std::mutex mutex_;
@@ -190,21 +184,22 @@ NB_MODULE(_core, m) {
       .def_rw("lora_alpha", &api::FoldLoraOptions::lora_alpha)
       .def_rw("force_lora_alpha", &api::FoldLoraOptions::force_lora_alpha);
 
-  // The jobs start at once; what they plan from is checked on their thread (errors come from result()).
+  // Options are checked here (a bad one raises at once); the job plans and merges on its own
+  // thread, and its errors come from result().
   nb::class_<MergeJob>(m, "MergeJob")
       .def_static(
           "merge", [](const api::MergeOptions& o, const api::WriteOptions& w) {
-            return new MergeJob([o] { return plan_merge(api::to_request(o)); }, w, o);
+            return new MergeJob(api::to_request(o), w);
           },
           "merge"_a, "write"_a, nb::rv_policy::take_ownership)
       .def_static(
           "fold_lora", [](const api::FoldLoraOptions& o, const api::WriteOptions& w) {
-            return new MergeJob([o] { return plan_fold_lora(api::to_request(o)); }, w);
+            return new MergeJob(api::to_request(o), w);
           },
           "fold"_a, "write"_a, nb::rv_policy::take_ownership)
       .def_static(
           "plan_file", [](const std::string& path, const api::WriteOptions& w) {
-            return new MergeJob([path] { return api::plan_from_file(path); }, w);
+            return new MergeJob(api::PlanFile{path}, w);
           },
           "path"_a, "write"_a, nb::rv_policy::take_ownership)
       .def("wait", &MergeJob::wait, "seconds"_a)
