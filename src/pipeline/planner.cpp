@@ -52,10 +52,6 @@ LoraConfig megatron_lora_config(const layouts::MegatronRole& role, const layouts
   return none;
 }
 
-// The one tail of every planner: the LoRA summary, the model groups (from what the planner
-// `found`, and the LoRA options of `req`, a MergeRequest or a FoldLoraRequest), the save-time
-// names where out.saved_names has rules for the rank files' run-time names, then the plan with
-// the HF sidecars of `hf`.
 // What a planner found in the checkpoint: its PEFT split, the LoRA config, whether lm_head is
 // the embedding's alias, and the base's saved names (HF base weights under LoRA modules that
 // carry run-time names).
@@ -65,6 +61,11 @@ struct Found {
   bool drop_tied_lm_head = false;
   const SavedNameRules* base_saved_names = nullptr;
 };
+
+// The one tail of every planner: the LoRA summary, the model groups (from what the planner
+// `found`, and the LoRA options of `req`, a MergeRequest or a FoldLoraRequest), the save-time
+// names where out.saved_names has rules for the rank files' run-time names, then the plan with
+// the HF sidecars of `hf`.
 template <typename Request>
 void finish_plan(PlannedMerge& out, const Request& req, const Found& found, const std::string& source_dir,
                  const layouts::HfTree* hf, std::vector<std::string> notes) {
