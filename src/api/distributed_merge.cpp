@@ -183,16 +183,9 @@ MergeOutcome merge_distributed(dist::ProcessGroup& group, const std::function<Pl
   });
   if (!root) return out;
 
-  MergeSummary& summary = out.summary.emplace();
-  summary.source = pm.role_dir;
-  summary.target = o.target;
-  summary.layout = plan.layout;
-  summary.executor = executor_description;
+  MergeSummary& summary = out.summary.emplace(MergeSummary::of(pm, o.target, executor_description));
   summary.processes = MergeSummary::Processes{group.size(), group.transport(), plane ? plane->name() : "none",
-                                              node_local,  writers.size(), shared_target, 0};
-  summary.tensors = plan.tensors.size();
-  summary.files = plan.files.size();
-  summary.bytes_written = plan.bytes_written();
+                                              node_local, writers.size(), shared_target, 0};
   for (const ProcessStats& s : all_stats) {
     summary.bytes_read += s.read;
     summary.peak_rss_bytes = std::max(summary.peak_rss_bytes, s.peak_rss);
@@ -204,8 +197,6 @@ MergeOutcome merge_distributed(dist::ProcessGroup& group, const std::function<Pl
   }
   summary.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   summary.plan_seconds = plan_seconds;
-  summary.notes = plan.notes;
-  summary.warnings = plan.warnings;
   if (check) summary.verify = check->summary();
   return out;
 }

@@ -46,6 +46,20 @@ uint64_t tensor_bytes(const MergePlan& plan) {
 
 }  // namespace
 
+MergeSummary MergeSummary::of(const PlannedMerge& planned, const std::string& target, const std::string& executor) {
+  MergeSummary s;
+  s.source = planned.role_dir;
+  s.target = target;
+  s.layout = planned.plan.layout;
+  s.executor = executor;
+  s.tensors = planned.plan.tensors.size();
+  s.files = planned.plan.files.size();
+  s.bytes_written = planned.plan.bytes_written();
+  s.notes = planned.plan.notes;
+  s.warnings = planned.plan.warnings;
+  return s;
+}
+
 double MergeSummary::gb_per_s() const {
   return seconds > 0 ? static_cast<double>(bytes_read + bytes_written) / seconds / 1e9 : 0;
 }
@@ -181,15 +195,8 @@ MergeOutcome merge(const MergeSource& source, const WriteOptions& o, const Merge
   out.commit_seconds = seconds_since(commit_start);
   if (!o.profile.empty()) trace.write(o.profile);
 
-  MergeSummary& summary = out.summary.emplace();
-  summary.source = pm.role_dir;
-  summary.target = o.target;
-  summary.layout = plan.layout;
-  summary.executor = chosen.description;
-  summary.tensors = plan.tensors.size();
-  summary.files = plan.files.size();
+  MergeSummary& summary = out.summary.emplace(MergeSummary::of(pm, o.target, chosen.description));
   summary.bytes_read = stats.bytes_read;
-  summary.bytes_written = plan.bytes_written();
   summary.seconds = seconds_since(start);
   summary.plan_seconds = out.plan_seconds;
   summary.peak_rss_bytes = peak_rss_bytes();
@@ -197,8 +204,6 @@ MergeOutcome merge(const MergeSource& source, const WriteOptions& o, const Merge
   summary.crc_checked_records = stats.records_checked;
   summary.threads = stats.threads;
   summary.peak_read_bytes_in_flight = stats.peak_read_bytes_in_flight;
-  summary.notes = plan.notes;
-  summary.warnings = plan.warnings;
   if (out.check) summary.verify = out.check->summary();
   return out;
 }

@@ -60,6 +60,8 @@ struct MergeSummary {
   std::optional<Processes> processes;
   std::optional<std::string> verify;  // --verify's one-line verdict (the output verified: a failure throws)
 
+  // The fields the plan and the run's target and executor give; the run adds its counts.
+  static MergeSummary of(const PlannedMerge& planned, const std::string& target, const std::string& executor);
   double gb_per_s() const;
   // What `merge --json` prints and shardmerge.merge() returns.
   nlohmann::ordered_json to_json() const;

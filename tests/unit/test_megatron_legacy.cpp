@@ -53,8 +53,10 @@ void write_rank_file(const fs::path& dir, const Tensors& tensors) {
   zip.finish();
 }
 
-std::string legacy_error(const test::TempDir& root, const std::vector<std::pair<std::string, Tensors>>& ranks,
-                         const nlohmann::ordered_json& config = nlohmann::ordered_json::object()) {
+using Ranks = std::vector<std::pair<std::string, Tensors>>;
+
+// A legacy role in `root`: each rank directory with its model.pt.
+MegatronRole legacy_role(const test::TempDir& root, const Ranks& ranks) {
   MegatronRole role;
   role.path = root.path().string();
   role.layout = "legacy mp_rank";
@@ -62,6 +64,12 @@ std::string legacy_error(const test::TempDir& root, const std::vector<std::pair<
     write_rank_file(root.path() / dir, tensors);
     role.mp_rank_dirs.push_back((root.path() / dir).string());
   }
+  return role;
+}
+
+std::string legacy_error(const test::TempDir& root, const Ranks& ranks,
+                         const nlohmann::ordered_json& config = nlohmann::ordered_json::object()) {
+  const MegatronRole role = legacy_role(root, ranks);
   try {
     describe_megatron_legacy(role, config);
   } catch (const Error& e) {
@@ -73,14 +81,10 @@ std::string legacy_error(const test::TempDir& root, const std::vector<std::pair<
 
 TEST(MegatronLegacy, AWellFormedTreeDescribes) {
   test::TempDir root;
-  MegatronRole role;
-  role.path = root.path().string();
-  for (const char* dir : {"mp_rank_00", "mp_rank_01"}) {
-    write_rank_file(root.path() / dir, {{"decoder.layers.0.self_attention.linear_proj.weight", {4, 2}},
-                                        {"decoder.final_layernorm.weight", {4}}});
-    role.mp_rank_dirs.push_back((root.path() / dir).string());
-  }
-  const SourceSet set = describe_megatron_legacy(role, nlohmann::ordered_json::object());
+  const Tensors rank = {{"decoder.layers.0.self_attention.linear_proj.weight", {4, 2}},
+                        {"decoder.final_layernorm.weight", {4}}};
+  const SourceSet set =
+      describe_megatron_legacy(legacy_role(root, {{"mp_rank_00", rank}, {"mp_rank_01", rank}}), nlohmann::ordered_json::object());
   ASSERT_EQ(set.tensors.size(), 2u);
   EXPECT_EQ(set.tensors[1].name, "decoder.layers.0.self_attention.linear_proj.weight");
   EXPECT_EQ(set.tensors[1].shape, (std::vector<int64_t>{4, 4}));
@@ -124,12 +128,10 @@ TEST(MegatronLegacy, ExpertNumbersThatDoNotParseAreErrors) {
 TEST(MegatronLegacy, HugeLayerAndChunkNumbersAreNotIndices) {
   // "decoder.layers.<2^63 - 1>." made "layer + 1" overflow; such a name is not a layer.
   test::TempDir root;
-  MegatronRole role;
-  role.path = root.path().string();
-  write_rank_file(root.path() / "mp_rank_00", {{"decoder.layers.9223372036854775807.input_layernorm.weight", {4}},
-                                               {"-1.decoder.final_layernorm.weight", {4}}});
-  role.mp_rank_dirs.push_back((root.path() / "mp_rank_00").string());
-  const SourceSet set = describe_megatron_legacy(role, nlohmann::ordered_json::object());
+  const SourceSet set = describe_megatron_legacy(
+      legacy_role(root, {{"mp_rank_00", {{"decoder.layers.9223372036854775807.input_layernorm.weight", {4}},
+                                         {"-1.decoder.final_layernorm.weight", {4}}}}}),
+      nlohmann::ordered_json::object());
   std::vector<std::string> names;
   for (const auto& t : set.tensors) names.push_back(t.name);
   EXPECT_EQ(names, (std::vector<std::string>{"-1.decoder.final_layernorm.weight",
@@ -199,15 +201,11 @@ TEST(MegatronLegacy, RowParallelBiasesAreOneCopy) {
   // Every TP rank holds the whole bias of linear_proj and linear_fc2: concatenating the copies
   // wrote a bias tp times too long.
   test::TempDir root;
-  MegatronRole role;
-  role.path = root.path().string();
-  for (const char* dir : {"mp_rank_00", "mp_rank_01"}) {
-    write_rank_file(root.path() / dir, {{"decoder.layers.0.self_attention.linear_proj.weight", {4, 2}},
-                                        {"decoder.layers.0.self_attention.linear_proj.bias", {4}},
-                                        {"decoder.layers.0.mlp.linear_fc2.bias", {4}}});
-    role.mp_rank_dirs.push_back((root.path() / dir).string());
-  }
-  const SourceSet set = describe_megatron_legacy(role, nlohmann::ordered_json::object());
+  const Tensors rank = {{"decoder.layers.0.self_attention.linear_proj.weight", {4, 2}},
+                        {"decoder.layers.0.self_attention.linear_proj.bias", {4}},
+                        {"decoder.layers.0.mlp.linear_fc2.bias", {4}}};
+  const SourceSet set =
+      describe_megatron_legacy(legacy_role(root, {{"mp_rank_00", rank}, {"mp_rank_01", rank}}), nlohmann::ordered_json::object());
   ASSERT_EQ(set.tensors.size(), 3u);
   for (const SourceTensor& t : set.tensors) {
     if (t.name.find(".bias") == std::string::npos) continue;
