@@ -38,6 +38,9 @@ class RemoteReader {
   // Exactly n bytes of plan source `file` at `offset`, read by process `owner`; throws an Error
   // carrying the owner's message when it cannot read them.
   virtual void read(int32_t owner, uint32_t file, uint64_t offset, void* buf, size_t n) = 0;
+  // How many reads the executor should keep in flight to fill the link (each waits a round
+  // trip); 0: no more than its usual threads.
+  virtual unsigned reads_in_flight() const { return 0; }
 };
 
 struct ExecOptions {

@@ -78,7 +78,8 @@ def merge(local_dir: PathLike, target_dir: PathLike, *, backend: str = "auto", d
           role: str = "actor", hf_model_path: Optional[PathLike] = None, runtime_names: bool = False, threads: Optional[int] = None,
           memory_limit: Union[str, int] = "512MiB", device: str = "cpu", gpu_memory: Union[str, int] = "auto",
           verify: bool = False, force: bool = False, check_crc: bool = True, distributed: bool = False,
-          transport: str = "auto", progress: Optional[Callable[[int, int], Any]] = None) -> Optional[dict[str, Any]]:
+          transport: str = "auto", peer_timeout: float = 300,
+          progress: Optional[Callable[[int, int], Any]] = None) -> Optional[dict[str, Any]]:
     """Merge the checkpoint at `local_dir` into the HF directory `target_dir` (created atomically);
     returns the summary `shardmerge merge --json` prints. The options are the CLI's.
 
@@ -92,11 +93,17 @@ def merge(local_dir: PathLike, target_dir: PathLike, *, backend: str = "auto", d
     launcher's variables are ignored and this process merges alone.
 
     transport: what moves slices between those processes when each holds only its node's rank
-    files: "nccl" (their GPUs), "mpi" (mpirun/srun), "auto" (the CLI's --transport)."""
+    files: "nccl" (their GPUs), "mpi" (mpirun/srun), "auto" (the CLI's --transport).
+
+    peer_timeout: seconds a process that stopped answering is waited for before the job fails
+    (the CLI's --peer-timeout)."""
     if transport not in ("auto", "mpi", "nccl"):
         raise ValueError(f"transport must be 'auto', 'mpi' or 'nccl', got {transport!r}")
+    if not peer_timeout > 0:
+        raise ValueError(f"peer_timeout must be a positive number of seconds, got {peer_timeout!r}")
     w = _write_options(target_dir, threads, memory_limit, device, gpu_memory, verify, force, check_crc, distributed)
     w.transport = transport
+    w.peer_timeout = float(peer_timeout)
     job = _core.MergeJob.merge(_merge_options(local_dir, backend, dtype, max_shard_size, lora, lora_alpha,
                                               force_lora_alpha, tie_word_embedding, is_value_model, role,
                                               hf_model_path, runtime_names), w)

@@ -129,8 +129,8 @@ MergeOutcome merge(const MergeSource& source, const WriteOptions& o, const Merge
   if (o.target.empty()) throw usage_error("--target_dir is required");
   if (!o.profile.empty()) check_profile_path(o.profile);
   Trace trace(!o.profile.empty());
-  const std::optional<dist::LaunchInfo> launch =
-      o.multi_process ? dist::launch_from_environment() : std::optional<dist::LaunchInfo>();
+  std::optional<dist::LaunchInfo> launch = o.multi_process ? dist::launch_from_environment() : std::nullopt;
+  if (launch) launch->peer_timeout_s = o.peer_timeout;
   // Under a launcher, `--device cuda` means this process's own GPU, one process per GPU.
   const std::string device = launch && o.device == "cuda" ? "cuda:" + std::to_string(launch->local_rank) : o.device;
   parse_device(device);  // a misspelt --device fails before planning

@@ -69,6 +69,9 @@ struct WriteOptions {
   // What moves slices between the processes of a multi-process merge: auto, mpi or nccl
   // (exec/dist/data_plane.hpp).
   std::string transport = "auto";
+  // Seconds a process of a multi-process merge waits for a peer that answers nothing (stopped,
+  // or its link down) before the job fails naming it (the MPI transport).
+  double peer_timeout = 300;
 };
 using dist::kTransportChoices;  // --transport's values
 inline const std::string kDefaultTarget = "tmp";  // verl's model_merger writes here without --target_dir

@@ -69,6 +69,12 @@ void add_exec_options(CLI::App* cmd, ExecCliOptions& cli) {
                   "and libnccl loads, else mpi where MPI started the processes)")
       ->check(CLI::IsMember(api::kTransportChoices))
       ->default_str("auto");
+  cmd->add_option("--peer-timeout,--peer_timeout", o.peer_timeout,
+                  "Seconds a process of a multi-process merge (MPI) waits for a peer that answers nothing (stopped, "
+                  "or its network down) before the job fails naming its rank and host; a peer that is busy still "
+                  "answers")
+      ->check(CLI::PositiveNumber)
+      ->default_str("300");
   cmd->add_option("--threads", o.threads, "Worker threads; 0: two per core the process may run on");
   cmd->add_option("--memory-limit,--memory_limit", o.memory_limit, "Peak resident memory, e.g. 512MiB, 2GB")
       ->check(byte_size_check());

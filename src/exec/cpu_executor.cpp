@@ -145,7 +145,9 @@ class CpuRun {
                         std::to_string((baseline + 8 * kMiB) / kMiB) + " MiB this process needs at minimum");
     const uint64_t avail = opt_.memory_limit - baseline;
     const auto affordable = static_cast<unsigned>(std::max<uint64_t>(1, avail / 2 / (2 * kTaskBytes)));
-    threads_ = std::min(opt_.threads ? opt_.threads : default_io_threads(), affordable);
+    // Reads through a data plane mostly wait on the network: more threads keep more in flight.
+    const unsigned wanted = std::max(default_io_threads(), opt_.remote ? opt_.remote->reads_in_flight() : 0u);
+    threads_ = std::min(opt_.threads ? opt_.threads : wanted, affordable);
     staging_ = std::clamp<uint64_t>(avail / 2 / (2 * threads_), kMiB, 32 * kMiB);
     budget_ = std::make_unique<MemoryBudget>(avail - 2 * staging_ * threads_);
     return TaskLimits{std::min(staging_, kTaskBytes), std::min(staging_, kTaskBytes)};

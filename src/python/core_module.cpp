@@ -173,7 +173,8 @@ NB_MODULE(_core, m) {
       .def_rw("force", &api::WriteOptions::force)
       .def_rw("no_crc", &api::WriteOptions::no_crc)
       .def_rw("multi_process", &api::WriteOptions::multi_process)
-      .def_rw("transport", &api::WriteOptions::transport);
+      .def_rw("transport", &api::WriteOptions::transport)
+      .def_rw("peer_timeout", &api::WriteOptions::peer_timeout);
 
   nb::class_<api::FoldLoraOptions>(m, "FoldLoraOptions")
       .def(nb::init<>())

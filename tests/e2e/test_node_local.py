@@ -7,6 +7,8 @@ import json
 import os
 import re
 import shutil
+import signal
+import socket
 import subprocess
 import time
 from pathlib import Path
@@ -235,3 +237,57 @@ def test_transport_nccl_where_a_process_has_no_gpu_of_its_own_is_refused(mpi, fi
     assert re.search(r"--transport nccl: process rank [01] cannot use NCCL: "
                      r"(no CUDA device|.*libnccl|this shardmerge was built without NCCL|it would share its GPU)", out), out
     assert not (tmp_path / "multi").exists() and not list(tmp_path.glob("multi.tmp-*"))
+
+
+def leftovers(tmp_path, name):
+    """What a merge into tmp_path/name left beside it: the target, its temp dirs, its lock."""
+    return sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(name) or p.name.startswith("." + name))
+
+
+def spread_fp32_checkpoint(gen, tmp_path, nodes):
+    subprocess.run([gen, "--out", tmp_path / "run", "--model", "qwen2.5-0.5b", "--world-size", "4",
+                    "--dtype", "float32"], check=True, capture_output=True)
+    role = next((tmp_path / "run").rglob("fsdp_config.json")).parent
+    split_role(role, tmp_path, fsdp_shares(nodes), is_fsdp_data)
+    shutil.rmtree(tmp_path / "run")
+
+
+def test_a_stopped_process_fails_the_job_after_the_peer_timeout_and_a_rerun_succeeds(mpi, shardmerge_gen_bin, tmp_path):
+    spread_fp32_checkpoint(shardmerge_gen_bin, tmp_path, [[0, 3], [1, 2]])
+    target = tmp_path / "multi"
+    # Rank 1 is stopped (SIGSTOP: alive, answering nothing) once the output's temp directory exists.
+    stop = (f'if [ "$OMPI_COMM_WORLD_RANK" = 1 ]; then {{ CMD & pid=$!; '
+            f'while ! ls -d "{target}".tmp-* >/dev/null 2>&1; do sleep 0.05; done; sleep 0.3; kill -STOP $pid; wait $pid; }}; '
+            f'else exec CMD; fi')
+    start = time.monotonic()
+    proc = mpirun(mpi, tmp_path, 2, ["--target_dir", target, "--threads", "1", "--peer-timeout", "3"],
+                  wrap=lambda cmd: stop.replace("CMD", cmd), timeout=120)
+    elapsed = time.monotonic() - start
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0, out
+    assert elapsed < 60, f"the job took {elapsed:.0f} s to fail"
+    assert re.search(rf"process rank 1 on host {re.escape(socket.gethostname())} has not answered for \d+ s "
+                     r"\(--peer-timeout\)", out), out
+    assert leftovers(tmp_path, "multi") == [], out
+    # The same run again, with nobody stopped, merges.
+    s = summary_of(mpirun(mpi, tmp_path, 2, ["--target_dir", target, "--json"]))
+    assert s["processes"] == 2 and target.is_dir()
+
+
+def test_the_launchers_sigterm_leaves_nothing_behind(mpi, shardmerge_gen_bin, tmp_path):
+    spread_fp32_checkpoint(shardmerge_gen_bin, tmp_path, [[0, 2], [1, 3]])
+    target = tmp_path / "multi"
+    (tmp_path / "actor").mkdir(exist_ok=True)
+    script = (f'mount --bind "{tmp_path}/node$OMPI_COMM_WORLD_RANK" "{tmp_path}/actor" && exec "{mpi}" merge '
+              f'--local_dir "{tmp_path}/actor" --target_dir "{target}" --threads 1')
+    launcher = subprocess.Popen(["mpirun", "--oversubscribe", "-np", "2", "unshare", "-m", "sh", "-c", script],
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=dict(os.environ, **MPI_ENV))
+    deadline = time.monotonic() + 60
+    while not list(tmp_path.glob("multi.tmp-*")) and launcher.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert launcher.poll() is None, "the merge ended before it could be interrupted: " + launcher.stdout.read()
+    time.sleep(0.3)
+    launcher.send_signal(signal.SIGTERM)  # as a batch system's teardown does
+    out, _ = launcher.communicate(timeout=60)
+    assert launcher.returncode != 0, out
+    assert leftovers(tmp_path, "multi") == [], out

@@ -1,12 +1,7 @@
 #include "exec/dist/mpi_group.hpp"
 
-// The C API only: mpi.h would otherwise pull in the deprecated C++ bindings, which need a
-// library we do not link.
-#define OMPI_SKIP_MPICXX 1
-#define MPICH_SKIP_MPICXX 1
-#include <mpi.h>
+#include "exec/dist/mpi_progress.hpp"
 
-#include <chrono>
 #include <climits>
 #include <cstdlib>
 #include <cstring>
@@ -17,8 +12,19 @@
 namespace shardmerge::dist {
 namespace {
 
-constexpr int kRequestTag = 0;  // replies use tags 1 .. tag_limit_
-constexpr unsigned kServingThreads = 2;
+constexpr int kRequestTag = 0;  // a reply uses an odd tag, an error reply's text the even tag after it
+// Threads answering requests. They only read (the page cache, or the disk) and hand the reply
+// to MPI; the replies themselves are sent in the background, up to kReplyBytesInFlight.
+constexpr unsigned kServingThreads = 4;
+constexpr uint64_t kReplyBytesInFlight = 48ull << 20;
+// Reads a process keeps in flight where the data plane carries them: an executor task reads at
+// most 2 MiB, so 16 of them cover 25 ms of round trip at 10 Gbit/s.
+constexpr unsigned kReadsInFlight = 16;
+// Replies up to this size are sent eagerly (no rendezvous round trip before the data moves):
+// Open MPI's TCP transport defaults to 64 KiB. Set unless the user set it; the executor's reads
+// are at most 2 MiB (plus a header).
+constexpr const char* kTcpEagerLimit = "2228224";
+constexpr size_t kMaxErrorText = 4096;
 
 // What one process asks another for: bytes of a source it owns, or a control word.
 struct Request {
@@ -31,6 +37,14 @@ struct Request {
   uint64_t n = 0;
 };
 
+// A liveness message: a ping, its answer, or the end of this process's pinger.
+struct Beat {
+  enum Kind : uint32_t { Ping, Pong, Stop };
+  uint32_t kind = Ping;
+};
+const Beat kPing{Beat::Ping}, kPong{Beat::Pong}, kStopBeat{Beat::Stop};
+const Request kDone{Request::Done}, kStopServing{Request::Stop};
+
 void check(int rc, const char* what) {
   if (rc == MPI_SUCCESS) return;
   char text[MPI_MAX_ERROR_STRING];
@@ -39,43 +53,31 @@ void check(int rc, const char* what) {
   throw Error(std::string("MPI: ") + what + " failed: " + std::string(text, static_cast<size_t>(len)));
 }
 
-// Waits for `done()` to say true, giving the core away between polls: Open MPI's blocking calls
-// spin, and the executor's threads and the serving threads of every process on a node would spin
-// beside the work they wait for. The sleep stays short (at most 100 us) so that replies of a
-// few hundred KiB to a few MiB lose little to it.
-template <typename Done>
-void poll_until(Done done) {
-  for (unsigned i = 0;; ++i) {
-    if (done()) return;
-    if (i >= 16) std::this_thread::sleep_for(std::chrono::microseconds(std::min(100u, 5u << std::min(i - 16, 5u))));
-  }
-}
-
-void wait(MPI_Request& request, const char* what, MPI_Status* status = MPI_STATUS_IGNORE) {
-  poll_until([&] {
-    int flag = 0;
-    check(MPI_Test(&request, &flag, status), what);
-    return flag != 0;
-  });
-}
-
 // One message carries at most INT_MAX bytes; reads are split well below that.
 constexpr uint64_t kMaxMessage = 1ull << 30;
 
+// Set when a peer stopped answering: MPI_Finalize would wait for it forever, so the process
+// ends the job with MPI_Abort at exit instead (the launcher then ends the others).
+std::atomic<bool> g_abort_at_exit{false};
+
 // MPI can be initialised once per process, and never again after MPI_Finalize: a Python process
 // may merge several times, and may have initialised MPI itself (mpi4py). So the first group
-// initialises it unless someone did, and it is finalised at exit, by whoever initialised it.
+// initialises it unless someone did, and it is finalised (or aborted) at exit, by whoever
+// initialised it.
 void initialise_mpi_once() {
   int finalized = 0, initialized = 0, provided = 0;
   MPI_Finalized(&finalized);
   if (finalized) throw Error("MPI was already finalized in this process: a multi-process merge cannot start again");
   MPI_Initialized(&initialized);
   if (!initialized) {
+    ::setenv("OMPI_MCA_btl_tcp_eager_limit", kTcpEagerLimit, /*overwrite=*/0);
     check(MPI_Init_thread(nullptr, nullptr, MPI_THREAD_MULTIPLE, &provided), "MPI_Init_thread");
     std::atexit([] {
       int done = 0;
       MPI_Finalized(&done);
-      if (!done) MPI_Finalize();
+      if (done) return;
+      if (g_abort_at_exit) MPI_Abort(MPI_COMM_WORLD, 1);
+      MPI_Finalize();
     });
   } else {
     MPI_Query_thread(&provided);
@@ -86,14 +88,26 @@ void initialise_mpi_once() {
                 ", which the data plane needs");
 }
 
+std::string processor_name() {
+  char name[MPI_MAX_PROCESSOR_NAME];
+  int len = 0;
+  MPI_Get_processor_name(name, &len);
+  return std::string(name, static_cast<size_t>(len));
+}
+
 }  // namespace
 
 struct MpiProcessGroup::Communicators {
   MPI_Comm control = MPI_COMM_NULL;
   MPI_Comm data = MPI_COMM_NULL;
+  MPI_Comm alive = MPI_COMM_NULL;
 };
 
-MpiProcessGroup::MpiProcessGroup(const LaunchInfo& info) : ProcessGroup(info), comms_(std::make_unique<Communicators>()) {
+MpiProcessGroup::MpiProcessGroup(const LaunchInfo& info)
+    : ProcessGroup(info),
+      comms_(std::make_unique<Communicators>()),
+      peer_timeout_(std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(info.peer_timeout_s))),
+      ping_interval_(std::min<Clock::duration>(peer_timeout_ / 4, std::chrono::seconds(5))) {
   initialise_mpi_once();
   int rank = 0, size = 0;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
@@ -103,30 +117,110 @@ MpiProcessGroup::MpiProcessGroup(const LaunchInfo& info) : ProcessGroup(info), c
                 std::to_string(info.rank) + " of " + std::to_string(info.world_size));
   MPI_Comm_dup(MPI_COMM_WORLD, &comms_->control);
   MPI_Comm_dup(MPI_COMM_WORLD, &comms_->data);
+  MPI_Comm_dup(MPI_COMM_WORLD, &comms_->alive);
   void* ub = nullptr;
   int found = 0;
   MPI_Comm_get_attr(MPI_COMM_WORLD, MPI_TAG_UB, &ub, &found);
   if (found && ub) tag_limit_ = *static_cast<int*>(ub);
+  peer_state_.assign(static_cast<size_t>(size), PeerState{Clock::now(), {}, false});
+  peer_done_.assign(static_cast<size_t>(size), false);
+  progress_ = std::make_unique<MpiProgress>();
+  pinger_ = std::thread([this] { answer_pings(); });
+  hosts_ = all_gather(processor_name());
 }
 
 MpiProcessGroup::~MpiProcessGroup() {
-  if (!servers_.empty()) {
+  const bool broken = g_abort_at_exit;
+  if (!servers_.empty() && !broken) {
     try {
       end_serving();
     } catch (...) {  // the job is failing already
     }
   }
+  // Only messages to itself from here on: a peer may be gone.
+  {
+    std::lock_guard<std::mutex> lock(serving_mutex_);
+    stopping_ = true;
+  }
+  serving_cv_.notify_all();
+  for (size_t i = 0; i < servers_.size(); ++i)
+    MPI_Send(&kStopServing, sizeof kStopServing, MPI_BYTE, rank(), kRequestTag, comms_->data);
+  for (std::thread& t : servers_) t.join();
+  MPI_Send(&kStopBeat, sizeof kStopBeat, MPI_BYTE, rank(), 0, comms_->alive);
+  pinger_.join();
+  progress_.reset();
+  if (broken) return;  // freeing a communicator may talk to the peers
+  MPI_Comm_free(&comms_->alive);
   MPI_Comm_free(&comms_->data);
   MPI_Comm_free(&comms_->control);
+}
+
+std::vector<int> MpiProcessGroup::peers() const {
+  std::vector<int> all;
+  for (int r = 0; r < size(); ++r)
+    if (r != rank()) all.push_back(r);
+  return all;
+}
+
+std::string MpiProcessGroup::who(int r) const {
+  std::string s = "process rank " + std::to_string(r);
+  if (static_cast<size_t>(r) < hosts_.size()) s += " on host " + hosts_[static_cast<size_t>(r)];
+  return s;
+}
+
+void MpiProcessGroup::check_alive(const std::vector<int>& ranks) {
+  std::lock_guard<std::mutex> lock(peers_mutex_);
+  const Clock::time_point now = Clock::now();
+  for (int r : ranks) {
+    PeerState& s = peer_state_[static_cast<size_t>(r)];
+    if (s.ping_out) {
+      if (now - s.ping_sent < peer_timeout_) continue;
+      g_abort_at_exit = true;
+      const auto silent = std::chrono::duration_cast<std::chrono::seconds>(now - s.heard).count();
+      throw Error(who(r) + " has not answered for " + std::to_string(silent) +
+                  " s (--peer-timeout): it is stopped or its network is down; the job is ended");
+    }
+    if (now - s.heard < ping_interval_) continue;
+    s.ping_out = true;
+    s.ping_sent = now;
+    MPI_Request sent;
+    check(MPI_Isend(&kPing, sizeof kPing, MPI_BYTE, r, 0, comms_->alive, &sent), "MPI_Isend (ping)");
+    progress_->detach(sent);
+  }
+}
+
+void MpiProcessGroup::answer_pings() {
+  while (true) {
+    Beat beat;
+    MPI_Request received;
+    check(MPI_Irecv(&beat, sizeof beat, MPI_BYTE, MPI_ANY_SOURCE, 0, comms_->alive, &received), "MPI_Irecv (ping)");
+    const MPI_Status status = progress_->wait(received, MpiProgress::Kind::Receive);
+    if (beat.kind == Beat::Stop) return;
+    if (beat.kind == Beat::Ping) {
+      MPI_Request sent;
+      check(MPI_Isend(&kPong, sizeof kPong, MPI_BYTE, status.MPI_SOURCE, 0, comms_->alive, &sent), "MPI_Isend (pong)");
+      progress_->detach(sent);
+    } else {
+      std::lock_guard<std::mutex> lock(peers_mutex_);
+      PeerState& s = peer_state_.at(static_cast<size_t>(status.MPI_SOURCE));
+      s.heard = Clock::now();
+      s.ping_out = false;
+    }
+  }
 }
 
 std::vector<std::string> MpiProcessGroup::all_gather(const std::string& mine, bool ok) {
   if (mine.size() > static_cast<size_t>(INT_MAX) / static_cast<size_t>(size()))
     throw Error("multi-process merge: a control message of " + std::to_string(mine.size()) + " bytes is too large");
+  const std::vector<int> others = peers();
+  const auto alive = [&] { check_alive(others); };
   // The length carries the status: -(length + 1) for a process that failed.
   const int64_t mine_len = ok ? static_cast<int64_t>(mine.size()) : -static_cast<int64_t>(mine.size()) - 1;
   std::vector<int64_t> lens(static_cast<size_t>(size()));
-  check(MPI_Allgather(&mine_len, 1, MPI_INT64_T, lens.data(), 1, MPI_INT64_T, comms_->control), "MPI_Allgather");
+  MPI_Request gathered;
+  check(MPI_Iallgather(&mine_len, 1, MPI_INT64_T, lens.data(), 1, MPI_INT64_T, comms_->control, &gathered),
+        "MPI_Iallgather");
+  progress_->wait(gathered, MpiProgress::Kind::Collective, alive);
   std::vector<int> counts(lens.size()), displs(lens.size());
   int total = 0;
   for (size_t r = 0; r < lens.size(); ++r) {
@@ -135,9 +229,10 @@ std::vector<std::string> MpiProcessGroup::all_gather(const std::string& mine, bo
     total += counts[r];
   }
   std::string packed(static_cast<size_t>(total), '\0');
-  check(MPI_Allgatherv(mine.data(), static_cast<int>(mine.size()), MPI_BYTE, packed.data(), counts.data(), displs.data(),
-                       MPI_BYTE, comms_->control),
-        "MPI_Allgatherv");
+  check(MPI_Iallgatherv(mine.data(), static_cast<int>(mine.size()), MPI_BYTE, packed.data(), counts.data(),
+                        displs.data(), MPI_BYTE, comms_->control, &gathered),
+        "MPI_Iallgatherv");
+  progress_->wait(gathered, MpiProgress::Kind::Collective, alive);
   std::vector<std::string> all(lens.size());
   for (size_t r = 0; r < lens.size(); ++r) {
     all[r] = packed.substr(static_cast<size_t>(displs[r]), static_cast<size_t>(counts[r]));
@@ -146,33 +241,37 @@ std::vector<std::string> MpiProcessGroup::all_gather(const std::string& mine, bo
   return all;
 }
 
+unsigned MpiProcessGroup::reads_in_flight() const { return kReadsInFlight; }
+
 void MpiProcessGroup::read(int32_t owner, uint32_t file, uint64_t offset, void* buf, size_t n) {
   auto* out = static_cast<char*>(buf);
+  const auto alive = [&] { check_alive({owner}); };
   while (n > 0) {
     const uint64_t piece = std::min<uint64_t>(n, kMaxMessage);
     Request q;
     q.file = file;
     q.offset = offset;
     q.n = piece;
-    q.reply_tag = 1 + static_cast<int32_t>(next_tag_.fetch_add(1) % static_cast<uint32_t>(tag_limit_ - 1));
-    MPI_Request sent;
+    q.reply_tag = 1 + 2 * static_cast<int32_t>(next_tag_.fetch_add(1) % static_cast<uint32_t>((tag_limit_ - 1) / 2));
+    // The reply's receive is posted before the request leaves: it lands in `out` directly.
+    MPI_Request reply, sent;
+    check(MPI_Irecv(out, static_cast<int>(piece), MPI_BYTE, owner, q.reply_tag, comms_->data, &reply),
+          "MPI_Irecv (read reply)");
     check(MPI_Isend(&q, sizeof q, MPI_BYTE, owner, kRequestTag, comms_->data, &sent), "MPI_Isend (read request)");
-    wait(sent, "MPI_Isend (read request)");
-    MPI_Message message;
-    MPI_Status status;
-    poll_until([&] {
-      int flag = 0;
-      check(MPI_Improbe(owner, q.reply_tag, comms_->data, &flag, &message, &status), "MPI_Improbe (read reply)");
-      return flag != 0;
-    });
+    progress_->wait(sent, MpiProgress::Kind::Send, alive);
+    MPI_Status status = progress_->wait(reply, MpiProgress::Kind::Receive, alive);
     int count = 0;
     MPI_Get_count(&status, MPI_BYTE, &count);
-    if (static_cast<uint64_t>(count) != piece) {  // the owner's error instead of the bytes
-      std::string text(static_cast<size_t>(count), '\0');
-      MPI_Mrecv(text.data(), count, MPI_BYTE, &message, &status);
-      throw Error("process rank " + std::to_string(owner) + ", which holds this source, could not read it: " + text);
+    if (static_cast<uint64_t>(count) != piece) {  // an empty reply: the owner's error follows
+      std::string text(kMaxErrorText, '\0');
+      MPI_Request error;
+      check(MPI_Irecv(text.data(), static_cast<int>(text.size()), MPI_BYTE, owner, q.reply_tag + 1, comms_->data, &error),
+            "MPI_Irecv (read error)");
+      status = progress_->wait(error, MpiProgress::Kind::Receive, alive);
+      MPI_Get_count(&status, MPI_BYTE, &count);
+      text.resize(static_cast<size_t>(count));
+      throw Error(who(owner) + ", which holds this source, could not read it: " + text);
     }
-    check(MPI_Mrecv(out, count, MPI_BYTE, &message, &status), "MPI_Mrecv (read reply)");
     out += piece;
     offset += piece;
     n -= static_cast<size_t>(piece);
@@ -181,50 +280,95 @@ void MpiProcessGroup::read(int32_t owner, uint32_t file, uint64_t offset, void* 
 
 void MpiProcessGroup::begin_serving(Serve serve) {
   serve_ = std::move(serve);
-  done_peers_ = 0;
+  std::fill(peer_done_.begin(), peer_done_.end(), false);
+  stopping_ = false;
   for (unsigned i = 0; i < kServingThreads; ++i) servers_.emplace_back([this] { serve_requests(); });
 }
 
 void MpiProcessGroup::serve_requests() {
-  std::vector<char> buffer;
   while (true) {
     Request q;
-    MPI_Status status;
     MPI_Request received;
-    check(MPI_Irecv(&q, sizeof q, MPI_BYTE, MPI_ANY_SOURCE, kRequestTag, comms_->data, &received), "MPI_Irecv (request)");
-    wait(received, "MPI_Irecv (request)", &status);
+    if (MPI_Irecv(&q, sizeof q, MPI_BYTE, MPI_ANY_SOURCE, kRequestTag, comms_->data, &received) != MPI_SUCCESS) return;
+    const MPI_Status status = progress_->wait(received, MpiProgress::Kind::Receive);
+    const int from = status.MPI_SOURCE;
     if (q.kind == Request::Stop) return;
+    std::unique_lock<std::mutex> lock(serving_mutex_);
     if (q.kind == Request::Done) {
-      if (done_peers_.fetch_add(1) + 1 < size() - 1) continue;
-      Request stop;  // every peer is done: end the other serving threads, then this one
-      stop.kind = Request::Stop;
-      for (unsigned i = 1; i < kServingThreads; ++i) MPI_Send(&stop, sizeof stop, MPI_BYTE, rank(), kRequestTag, comms_->data);
-      return;
+      peer_done_.at(static_cast<size_t>(from)) = true;
+      serving_cv_.notify_all();
+      continue;
     }
+    // Bounded memory: wait while earlier replies are still on their way (one always may go).
+    serving_cv_.wait(lock, [&] { return stopping_ || reply_bytes_in_flight_ == 0 || reply_bytes_in_flight_ + q.n <= kReplyBytesInFlight; });
+    if (stopping_) return;
+    reply_bytes_in_flight_ += q.n;
+    std::unique_ptr<std::vector<char>> buffer;
+    if (!spare_buffers_.empty()) {
+      buffer = std::move(spare_buffers_.back());
+      spare_buffers_.pop_back();
+    } else {
+      buffer = std::make_unique<std::vector<char>>();
+    }
+    lock.unlock();
     std::string failure;
     try {
-      buffer.resize(q.n);
-      serve_(q.file, q.offset, buffer.data(), q.n);
+      buffer->resize(q.n);
+      serve_(q.file, q.offset, buffer->data(), q.n);
     } catch (const std::exception& e) {
-      failure = e.what();
-      if (failure.size() == q.n) failure += '.';  // a reply of n bytes means success
+      failure = std::string(e.what()).substr(0, kMaxErrorText);
     }
-    const std::string_view reply = failure.empty() ? std::string_view(buffer.data(), q.n) : std::string_view(failure);
+    const uint64_t n = q.n;
+    const char* data = buffer->data();
+    auto finished = [this, n, ok = failure.empty(), buffer = std::shared_ptr<std::vector<char>>(std::move(buffer))]() mutable {
+      std::lock_guard<std::mutex> done(serving_mutex_);
+      reply_bytes_in_flight_ -= n;
+      if (ok) served_ += n;
+      if (spare_buffers_.size() < kServingThreads * 2) spare_buffers_.push_back(std::make_unique<std::vector<char>>(std::move(*buffer)));
+      serving_cv_.notify_all();
+    };
     MPI_Request sent;
-    check(MPI_Isend(reply.data(), static_cast<int>(reply.size()), MPI_BYTE, status.MPI_SOURCE, q.reply_tag, comms_->data, &sent),
-          "MPI_Isend (reply)");
-    wait(sent, "MPI_Isend (reply)");
-    if (failure.empty()) served_ += q.n;
+    if (failure.empty()) {
+      check(MPI_Isend(data, static_cast<int>(n), MPI_BYTE, from, q.reply_tag, comms_->data, &sent), "MPI_Isend (reply)");
+      progress_->detach(sent, std::move(finished));
+    } else {  // an empty reply, then the text
+      check(MPI_Isend(nullptr, 0, MPI_BYTE, from, q.reply_tag, comms_->data, &sent), "MPI_Isend (error reply)");
+      progress_->detach(sent);
+      auto text = std::make_shared<std::string>(std::move(failure));
+      check(MPI_Isend(text->data(), static_cast<int>(text->size()), MPI_BYTE, from, q.reply_tag + 1, comms_->data, &sent),
+            "MPI_Isend (error text)");
+      progress_->detach(sent, [text, finished = std::move(finished)]() mutable { finished(); });
+    }
   }
 }
 
 void MpiProcessGroup::end_serving() {
-  Request done;
-  done.kind = Request::Done;
-  for (int r = 0; r < size(); ++r)
-    if (r != rank()) check(MPI_Send(&done, sizeof done, MPI_BYTE, r, kRequestTag, comms_->data), "MPI_Send (done)");
+  const std::vector<int> others = peers();
+  for (int r : others) {
+    MPI_Request sent;
+    check(MPI_Isend(&kDone, sizeof kDone, MPI_BYTE, r, kRequestTag, comms_->data, &sent), "MPI_Isend (done)");
+    progress_->detach(sent);
+  }
+  // Serves until every peer has read all it needs, pinging those still reading.
+  std::unique_lock<std::mutex> lock(serving_mutex_);
+  while (!serving_cv_.wait_for(lock, std::chrono::seconds(1), [&] {
+    return std::count(peer_done_.begin(), peer_done_.end(), true) == static_cast<long>(others.size());
+  })) {
+    std::vector<int> reading;
+    for (int r : others)
+      if (!peer_done_[static_cast<size_t>(r)]) reading.push_back(r);
+    lock.unlock();
+    check_alive(reading);
+    lock.lock();
+  }
+  stopping_ = true;
+  lock.unlock();
+  serving_cv_.notify_all();
+  for (size_t i = 0; i < servers_.size(); ++i)
+    check(MPI_Send(&kStopServing, sizeof kStopServing, MPI_BYTE, rank(), kRequestTag, comms_->data), "MPI_Send (stop)");
   for (std::thread& t : servers_) t.join();
   servers_.clear();
+  // The replies still on their way have been received: every peer said it is done reading.
 }
 
 }  // namespace shardmerge::dist

@@ -30,6 +30,8 @@ struct LaunchInfo {
   bool mpi = false;  // an MPI launcher started the processes (mpirun, srun, another PMI launcher)
   std::string address = "127.0.0.1";
   int port = 29501;
+  // A peer that answers nothing for this long fails the job (--peer-timeout; the MPI transport).
+  double peer_timeout_s = 300;
 };
 
 // Reads the launcher's variables; nullopt when this is a single-process run.
