@@ -49,9 +49,10 @@ struct ProcessStats {
   unsigned threads = 0;
   uint64_t peak_read_bytes_in_flight = 0;
   uint64_t sent = 0;  // served to the others through the data plane
+  double cpu_seconds = 0;
 };
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(ProcessStats, read, peak_rss, lora_folds, records_checked, threads,
-                                   peak_read_bytes_in_flight, sent)
+                                   peak_read_bytes_in_flight, sent, cpu_seconds)
 
 // Serves this process's sources to the others for as long as it lives (the data plane's
 // end_serving is collective: it returns once every process has finished reading).
@@ -162,7 +163,8 @@ MergeOutcome merge_distributed(dist::ProcessGroup& group, const std::function<Pl
                         stats.records_checked,
                         stats.threads,
                         stats.peak_read_bytes_in_flight,
-                        plane ? plane->bytes_served() : 0};
+                        plane ? plane->bytes_served() : 0,
+                        cpu_seconds()};
   });
   // --verify: once every process has written and synced its files, the root compares the whole
   // tree, still in the temp dir, with the checkpoint assembled from its own metadata,
@@ -194,6 +196,7 @@ MergeOutcome merge_distributed(dist::ProcessGroup& group, const std::function<Pl
     summary.threads = std::max(summary.threads, s.threads);
     summary.peak_read_bytes_in_flight = std::max(summary.peak_read_bytes_in_flight, s.peak_read_bytes_in_flight);
     summary.processes->bytes_sent_between_processes += s.sent;
+    summary.cpu_seconds += s.cpu_seconds;
   }
   summary.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   summary.plan_seconds = plan_seconds;

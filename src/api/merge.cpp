@@ -87,6 +87,7 @@ nlohmann::ordered_json MergeSummary::to_json() const {
   j["plan_seconds"] = plan_seconds;
   j["gb_per_s"] = gb_per_s();
   j["peak_rss_bytes"] = peak_rss_bytes;
+  j["cpu_seconds"] = cpu_seconds;
   j["lora_folds"] = lora_folds;
   j["crc_checked_records"] = crc_checked_records;
   j["threads"] = threads;
@@ -200,6 +201,7 @@ MergeOutcome merge(const MergeSource& source, const WriteOptions& o, const Merge
   summary.seconds = seconds_since(start);
   summary.plan_seconds = out.plan_seconds;
   summary.peak_rss_bytes = peak_rss_bytes();
+  summary.cpu_seconds = cpu_seconds();
   summary.lora_folds = stats.lora_folds;
   summary.crc_checked_records = stats.records_checked;
   summary.threads = stats.threads;

@@ -53,6 +53,7 @@ struct MergeSummary {
   uint64_t bytes_written = 0;
   double seconds = 0, plan_seconds = 0;
   uint64_t peak_rss_bytes = 0;  // several processes: the largest
+  double cpu_seconds = 0;       // user + system, of every process together
   uint64_t lora_folds = 0, crc_checked_records = 0;
   unsigned threads = 0;  // per process
   uint64_t peak_read_bytes_in_flight = 0;

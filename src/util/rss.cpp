@@ -3,6 +3,8 @@
 #include <cstdio>
 #include <cstring>
 
+#include <sys/resource.h>
+
 namespace shardmerge {
 namespace {
 
@@ -25,5 +27,12 @@ uint64_t status_kib(const char* field) {
 
 uint64_t current_rss_bytes() { return status_kib("VmRSS") * 1024; }
 uint64_t peak_rss_bytes() { return status_kib("VmHWM") * 1024; }
+
+double cpu_seconds() {
+  rusage u{};
+  ::getrusage(RUSAGE_SELF, &u);
+  const auto secs = [](const timeval& t) { return static_cast<double>(t.tv_sec) + static_cast<double>(t.tv_usec) / 1e6; };
+  return secs(u.ru_utime) + secs(u.ru_stime);
+}
 
 }  // namespace shardmerge

@@ -192,7 +192,8 @@ def test_merge_same_tree_as_cli(tmp_path):
             assert (tmp_path / "api" / f).read_bytes() == (tmp_path / "cli" / f).read_bytes(), f
     assert api["verified"] is True
     # Timing-dependent: how many reads overlap depends on thread scheduling.
-    volatile = {"target", "seconds", "plan_seconds", "gb_per_s", "peak_rss_bytes", "peak_read_bytes_in_flight"}
+    volatile = {"target", "seconds", "plan_seconds", "gb_per_s", "peak_rss_bytes", "peak_read_bytes_in_flight",
+                "cpu_seconds"}
     assert {k: v for k, v in api.items() if k not in volatile} == {k: v for k, v in cli.items() if k not in volatile}
 
 
