@@ -291,3 +291,71 @@ def test_the_launchers_sigterm_leaves_nothing_behind(mpi, shardmerge_gen_bin, tm
     out, _ = launcher.communicate(timeout=60)
     assert launcher.returncode != 0, out
     assert leftovers(tmp_path, "multi") == [], out
+
+
+def test_a_full_target_disk_fails_cleanly_on_every_node(mpi, shardmerge_gen_bin, tmp_path):
+    subprocess.run([shardmerge_gen_bin, "--out", tmp_path / "run", "--model", "tiny", "--world-size", "4"], check=True,
+                   capture_output=True)
+    role = next((tmp_path / "run").rglob("fsdp_config.json")).parent
+    split_role(role, tmp_path, fsdp_shares([[0, 2], [1, 3]]), is_fsdp_data)
+    # Rank 0's node-local target disk (it alone sees its target, so it writes everything) holds 64 KiB.
+    (tmp_path / "target0").mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "none", tmp_path / "target0"], check=True)
+    try:
+        proc = mpirun(mpi, tmp_path, 2, ["--target_dir", tmp_path / "target" / "out"], target_per_node=True)
+        out = proc.stdout + proc.stderr
+        assert proc.returncode == 1, out
+        assert re.search(r"space", out), out
+        for node in ("target0", "target1"):
+            assert os.listdir(tmp_path / node) == [], (node, out)
+    finally:
+        subprocess.run(["umount", tmp_path / "target0"], check=True)
+    s = summary_of(mpirun(mpi, tmp_path, 2, ["--target_dir", tmp_path / "target" / "out", "--json"], target_per_node=True))
+    assert s["writers"] == 1 and (tmp_path / "target0" / "out" / "model.safetensors").is_file()
+
+
+@pytest.fixture
+def netsim(mpi, tmp_path):
+    """Two "nodes" on the netns harness (../shared/netsim, or $SHARDMERGE_NETSIM): network and mount
+    namespaces of their own, joined by a veth bridge; mpirun starts them over its rsh agent."""
+    harness = Path(os.environ.get("SHARDMERGE_NETSIM", Path(__file__).resolve().parents[3] / "shared" / "netsim"))
+    if not (harness / "setup.sh").is_file():
+        pytest.skip(f"the netns harness is not at {harness} (set SHARDMERGE_NETSIM)")
+    if shutil.which("ip") is None or os.geteuid() != 0:
+        pytest.skip("the netns harness needs root and iproute2")
+    if subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.strip():
+        pytest.skip("network namespaces exist already (another harness run?): not touching them")
+    subprocess.run([harness / "setup.sh", "2"], check=True, capture_output=True)
+    try:
+        subprocess.run([harness / "link.sh", "2", "none", "bridge"], check=True, stdout=subprocess.DEVNULL,
+                       stderr=subprocess.DEVNULL)
+        yield harness
+    finally:
+        subprocess.run([harness / "teardown.sh"], capture_output=True)
+
+
+def test_a_dropped_link_fails_the_job_after_the_peer_timeout(mpi, netsim, shardmerge_gen_bin, tmp_path):
+    spread_fp32_checkpoint(shardmerge_gen_bin, tmp_path, [[0, 2], [1, 3]])
+    target = tmp_path / "multi"
+    (tmp_path / "actor").mkdir(exist_ok=True)
+    env = dict(os.environ, **MPI_ENV, NETSIM_NODES=str(tmp_path))
+    launcher = subprocess.Popen(
+        ["ip", "netns", "exec", "sml", "mpirun", "-np", "2", "--host", "n0:1,n1:1", "--bind-to", "none",
+         "--mca", "plm_rsh_agent", str(netsim / "fakessh"), "--mca", "plm_rsh_no_tree_spawn", "1",
+         "--mca", "oob_tcp_if_include", "ctl0", "--mca", "pml", "ob1", "--mca", "btl", "tcp,self",
+         "--mca", "btl_tcp_if_include", "data0",
+         str(mpi), "merge", "--local_dir", str(tmp_path / "actor"),
+         "--target_dir", str(target), "--threads", "1", "--peer-timeout", "3"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    deadline = time.monotonic() + 60
+    while not list(tmp_path.glob("multi.tmp-*")) and launcher.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert launcher.poll() is None, "the merge ended before its link could be dropped: " + launcher.stdout.read()
+    subprocess.run(["ip", "netns", "exec", "smn1", "ip", "link", "set", "data0", "down"], check=True)
+    start = time.monotonic()
+    out, _ = launcher.communicate(timeout=120)
+    elapsed = time.monotonic() - start
+    assert launcher.returncode != 0, out
+    assert elapsed < 60, f"the job took {elapsed:.0f} s to fail"
+    assert re.search(r"process rank (1 on host n1|0 on host n0) has not answered for \d+ s \(--peer-timeout\)", out), out
+    assert leftovers(tmp_path, "multi") == [], out
