@@ -413,7 +413,10 @@ def test_progress_rate_and_failing_callback(big_checkpoint, tmp_path):
 
 
 INTERRUPTED = textwrap.dedent("""
-    import sys, time, shardmerge
+    import signal, sys, time, shardmerge
+    # Ctrl-C raises KeyboardInterrupt even where the test runs as a background job (which a
+    # non-interactive shell starts with SIGINT ignored, and Python then keeps it ignored).
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     local, target = sys.argv[1], sys.argv[2]
     def progress(done, total):
         if done:
