@@ -37,7 +37,8 @@ struct InProcessIdShare {
 testing::WorldResult run_on_gpus(const testing::WorldOptions& o) {
   InProcessIdShare share(o.size);
   return testing::run_world(o, [&](int rank) {
-    return dist::make_nccl_link(rank, o.size, rank, [&, rank](const std::string& mine, bool ok) { return share(mine, ok, rank); });
+    return dist::make_nccl_link(
+        rank, o.size, rank, [&, rank](const std::string& mine, bool ok) { return share(mine, ok, rank); }, 300);
   });
 }
 #endif

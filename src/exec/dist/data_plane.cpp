@@ -67,9 +67,9 @@ ChosenDataPlane choose_data_plane(ProcessGroup& group, const std::string& transp
   }
   if (!needed) return chosen;
 #ifdef SHARDMERGE_HAVE_NCCL
-  chosen.owned = std::make_unique<RoundExchange>(make_nccl_link(group.rank(), group.size(), device, [&group](const std::string& id, bool ok) {
-    return group.all_gather(id, ok).at(0);
-  }));
+  chosen.owned = std::make_unique<RoundExchange>(make_nccl_link(
+      group.rank(), group.size(), device,
+      [&group](const std::string& id, bool ok) { return group.all_gather(id, ok).at(0); }, group.peer_timeout_s()));
   chosen.plane = chosen.owned.get();
 #endif
   return chosen;

@@ -16,6 +16,8 @@ NcclApi load() {
   resolve_symbol(lib, kLibrary, "ncclGetUniqueId", api.get_unique_id);
   resolve_symbol(lib, kLibrary, "ncclCommInitRank", api.comm_init_rank);
   resolve_symbol(lib, kLibrary, "ncclCommDestroy", api.comm_destroy);
+  resolve_symbol(lib, kLibrary, "ncclCommAbort", api.comm_abort);
+  resolve_symbol(lib, kLibrary, "ncclCommGetAsyncError", api.comm_get_async_error);
   resolve_symbol(lib, kLibrary, "ncclAllGather", api.all_gather);
   resolve_symbol(lib, kLibrary, "ncclSend", api.send);
   resolve_symbol(lib, kLibrary, "ncclRecv", api.recv);

@@ -14,6 +14,8 @@ struct NcclApi {
   decltype(&ncclGetUniqueId) get_unique_id;
   decltype(&ncclCommInitRank) comm_init_rank;
   decltype(&ncclCommDestroy) comm_destroy;
+  decltype(&ncclCommAbort) comm_abort;
+  decltype(&ncclCommGetAsyncError) comm_get_async_error;
   decltype(&ncclAllGather) all_gather;
   decltype(&ncclSend) send;
   decltype(&ncclRecv) recv;

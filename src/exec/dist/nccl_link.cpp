@@ -4,6 +4,8 @@
 
 #include <algorithm>
 #include <array>
+#include <chrono>
+#include <thread>
 #include <cstdio>
 #include <cstring>
 
@@ -18,7 +20,8 @@ using cuda::check;
 
 class NcclLink final : public PeerLink {
  public:
-  NcclLink(int rank, int size, int device, const ShareId& share_id) : rank_(rank), size_(size), device_(device) {
+  NcclLink(int rank, int size, int device, const ShareId& share_id, double peer_timeout_s)
+      : rank_(rank), size_(size), device_(device), peer_timeout_(peer_timeout_s) {
     // What can fail here fails on every process together (the exchange of the id carries it),
     // before ncclCommInitRank, which would wait for ever for a process that never calls it.
     ncclUniqueId id{};
@@ -120,11 +123,29 @@ class NcclLink final : public PeerLink {
     m = cuda::DeviceMemory(0);
     m = cuda::DeviceMemory(std::max<uint64_t>({n, 2 * had, 1ull << 20}));
   }
+  // Waits for the stream without spinning a core (cudaStreamSynchronize spins by default), and
+  // for at most the peer timeout: a peer that stopped leaves NCCL waiting for ever.
   void synchronize(const char* what) {
-    check(cudaStreamSynchronize(stream_.get()), std::string("waiting for ") + what);
+    const auto start = std::chrono::steady_clock::now();
+    for (unsigned i = 0;; ++i) {
+      const cudaError_t e = cudaStreamQuery(stream_.get());
+      if (e != cudaErrorNotReady) return check(e, std::string("waiting for ") + what);
+      ncclResult_t async = ncclSuccess;
+      check_nccl(nccl().comm_get_async_error(comm_, &async), "ncclCommGetAsyncError", comm_);
+      check_nccl(async, what, comm_);
+      const std::chrono::duration<double> waited = std::chrono::steady_clock::now() - start;
+      if (waited.count() > peer_timeout_) {
+        nccl().comm_abort(comm_);  // ends the kernels waiting on the silent peer
+        comm_ = nullptr;
+        throw Error("NCCL: " + std::string(what) + " made no progress for " + std::to_string(static_cast<long>(waited.count())) +
+                    " s (--peer-timeout): a process is stopped or its network is down");
+      }
+      std::this_thread::sleep_for(std::chrono::microseconds(std::min(1000u, 10u << std::min(i, 7u))));
+    }
   }
 
   int rank_, size_, device_;
+  double peer_timeout_;
   ncclComm_t comm_ = nullptr;
   cuda::Stream stream_;
   cuda::DeviceMemory send_, recv_;
@@ -171,8 +192,8 @@ NcclProbe probe_nccl(int local_rank) {
   return probe;
 }
 
-std::unique_ptr<PeerLink> make_nccl_link(int rank, int size, int device, const ShareId& share_id) {
-  return std::make_unique<NcclLink>(rank, size, device, share_id);
+std::unique_ptr<PeerLink> make_nccl_link(int rank, int size, int device, const ShareId& share_id, double peer_timeout_s) {
+  return std::make_unique<NcclLink>(rank, size, device, share_id, peer_timeout_s);
 }
 
 }  // namespace shardmerge::dist

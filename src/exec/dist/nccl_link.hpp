@@ -26,7 +26,9 @@ NcclProbe probe_nccl(int local_rank);
 using ShareId = std::function<std::string(const std::string& mine, bool ok)>;
 
 // Joins the NCCL communicator of `size` processes on CUDA device `device`. Collective: every
-// process constructs one; rank 0's NCCL unique id reaches the others through `share_id`.
-std::unique_ptr<PeerLink> make_nccl_link(int rank, int size, int device, const ShareId& share_id);
+// process constructs one; rank 0's NCCL unique id reaches the others through `share_id`. An
+// operation that makes no progress for `peer_timeout_s` (a peer stopped, or its link down: NCCL
+// itself would wait for ever) aborts the communicator and fails (--peer-timeout).
+std::unique_ptr<PeerLink> make_nccl_link(int rank, int size, int device, const ShareId& share_id, double peer_timeout_s);
 
 }  // namespace shardmerge::dist

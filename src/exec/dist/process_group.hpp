@@ -60,6 +60,7 @@ class ProcessGroup {
   int rank() const { return info_.rank; }
   int size() const { return info_.world_size; }
   int local_rank() const { return info_.local_rank; }
+  double peer_timeout_s() const { return info_.peer_timeout_s; }
   virtual std::string transport() const = 0;  // for messages: "MPI", "TCP bootstrap"
 
   // Every process contributes a blob and gets everyone's, in rank order. A process that
