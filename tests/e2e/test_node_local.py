@@ -244,16 +244,26 @@ def leftovers(tmp_path, name):
     return sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(name) or p.name.startswith("." + name))
 
 
-def spread_fp32_checkpoint(gen, tmp_path, nodes):
-    subprocess.run([gen, "--out", tmp_path / "run", "--model", "qwen2.5-0.5b", "--world-size", "4",
-                    "--dtype", "float32"], check=True, capture_output=True)
+def spread_checkpoint(gen, tmp_path, nodes, model="qwen2.5-0.5b"):
+    """A generated W=4 checkpoint (0.5B: 1 GB of bf16, a merge of a second or more on one thread)
+    spread over the nodes by hard links."""
+    subprocess.run([gen, "--out", tmp_path / "run", "--model", model, "--world-size", "4"], check=True,
+                   capture_output=True)
     role = next((tmp_path / "run").rglob("fsdp_config.json")).parent
-    split_role(role, tmp_path, fsdp_shares(nodes), is_fsdp_data)
-    shutil.rmtree(tmp_path / "run")
+    for r, ranks in enumerate(nodes):
+        (tmp_path / f"node{r}").mkdir()
+    for f in sorted(p for p in role.rglob("*") if p.is_file()):
+        rel = f.relative_to(role)
+        data = is_fsdp_data(rel)
+        rank = int(re.search(r"_rank_(\d+)\.pt$", rel.name).group(1)) if data else None
+        for r, ranks in enumerate(nodes):
+            if (rank in ranks) if data else r == 0:
+                (tmp_path / f"node{r}" / rel).parent.mkdir(parents=True, exist_ok=True)
+                os.link(f, tmp_path / f"node{r}" / rel)
 
 
 def test_a_stopped_process_fails_the_job_after_the_peer_timeout_and_a_rerun_succeeds(mpi, shardmerge_gen_bin, tmp_path):
-    spread_fp32_checkpoint(shardmerge_gen_bin, tmp_path, [[0, 3], [1, 2]])
+    spread_checkpoint(shardmerge_gen_bin, tmp_path, [[0, 3], [1, 2]])
     target = tmp_path / "multi"
     # Rank 1 is stopped (SIGSTOP: alive, answering nothing) once the output's temp directory exists.
     stop = (f'if [ "$OMPI_COMM_WORLD_RANK" = 1 ]; then {{ CMD & pid=$!; '
@@ -275,7 +285,7 @@ def test_a_stopped_process_fails_the_job_after_the_peer_timeout_and_a_rerun_succ
 
 
 def test_the_launchers_sigterm_leaves_nothing_behind(mpi, shardmerge_gen_bin, tmp_path):
-    spread_fp32_checkpoint(shardmerge_gen_bin, tmp_path, [[0, 2], [1, 3]])
+    spread_checkpoint(shardmerge_gen_bin, tmp_path, [[0, 2], [1, 3]])
     target = tmp_path / "multi"
     (tmp_path / "actor").mkdir(exist_ok=True)
     script = (f'mount --bind "{tmp_path}/node$OMPI_COMM_WORLD_RANK" "{tmp_path}/actor" && exec "{mpi}" merge '
@@ -335,7 +345,7 @@ def netsim(mpi, tmp_path):
 
 
 def test_a_dropped_link_fails_the_job_after_the_peer_timeout(mpi, netsim, shardmerge_gen_bin, tmp_path):
-    spread_fp32_checkpoint(shardmerge_gen_bin, tmp_path, [[0, 2], [1, 3]])
+    spread_checkpoint(shardmerge_gen_bin, tmp_path, [[0, 2], [1, 3]])
     target = tmp_path / "multi"
     (tmp_path / "actor").mkdir(exist_ok=True)
     env = dict(os.environ, **MPI_ENV, NETSIM_NODES=str(tmp_path))
@@ -358,4 +368,18 @@ def test_a_dropped_link_fails_the_job_after_the_peer_timeout(mpi, netsim, shardm
     assert launcher.returncode != 0, out
     assert elapsed < 60, f"the job took {elapsed:.0f} s to fail"
     assert re.search(r"process rank (1 on host n1|0 on host n0) has not answered for \d+ s \(--peer-timeout\)", out), out
+    assert leftovers(tmp_path, "multi") == [], out
+
+
+def test_a_process_stopped_before_it_joins_ends_the_job_after_the_peer_timeout(mpi, shardmerge_gen_bin, tmp_path):
+    spread_checkpoint(shardmerge_gen_bin, tmp_path, [[0, 2], [1, 3]], model="tiny")
+    # Rank 1 stops before shardmerge starts: rank 0 would wait in MPI_Init for ever.
+    stop = 'if [ "$OMPI_COMM_WORLD_RANK" = 1 ]; then kill -STOP $$; fi; exec CMD'
+    start = time.monotonic()
+    proc = mpirun(mpi, tmp_path, 2, ["--target_dir", tmp_path / "multi", "--peer-timeout", "3"],
+                  wrap=lambda cmd: stop.replace("CMD", cmd), timeout=120)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0, out
+    assert time.monotonic() - start < 60, out
+    assert "MPI_Init did not finish in 3 s (--peer-timeout)" in out, out
     assert leftovers(tmp_path, "multi") == [], out

@@ -2,7 +2,9 @@
 
 #include "exec/dist/mpi_progress.hpp"
 
+#include <algorithm>
 #include <climits>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <string_view>
@@ -64,15 +66,34 @@ std::atomic<bool> g_abort_at_exit{false};
 // MPI can be initialised once per process, and never again after MPI_Finalize: a Python process
 // may merge several times, and may have initialised MPI itself (mpi4py). So the first group
 // initialises it unless someone did, and it is finalised (or aborted) at exit, by whoever
-// initialised it.
-void initialise_mpi_once() {
+// initialised it. MPI_Init waits for every process of the job: one that is stopped before it
+// gets there would hold this one for ever, with nothing to clean up yet, so a watchdog ends the
+// process after the peer timeout (the launcher then ends the job).
+void initialise_mpi_once(double peer_timeout_s) {
   int finalized = 0, initialized = 0, provided = 0;
   MPI_Finalized(&finalized);
   if (finalized) throw Error("MPI was already finalized in this process: a multi-process merge cannot start again");
   MPI_Initialized(&initialized);
   if (!initialized) {
     ::setenv("OMPI_MCA_btl_tcp_eager_limit", kTcpEagerLimit, /*overwrite=*/0);
-    check(MPI_Init_thread(nullptr, nullptr, MPI_THREAD_MULTIPLE, &provided), "MPI_Init_thread");
+    std::mutex mutex;
+    std::condition_variable cv;
+    bool done = false;
+    std::thread watchdog([&] {
+      std::unique_lock<std::mutex> lock(mutex);
+      if (cv.wait_for(lock, std::chrono::duration<double>(peer_timeout_s), [&] { return done; })) return;
+      std::fprintf(stderr, "shardmerge: MPI_Init did not finish in %.0f s (--peer-timeout): a process of this job is "
+                   "stopped or cannot be reached\n", peer_timeout_s);
+      std::_Exit(1);
+    });
+    const int rc = MPI_Init_thread(nullptr, nullptr, MPI_THREAD_MULTIPLE, &provided);
+    {
+      std::lock_guard<std::mutex> lock(mutex);
+      done = true;
+    }
+    cv.notify_all();
+    watchdog.join();
+    check(rc, "MPI_Init_thread");
     std::atexit([] {
       int done = 0;
       MPI_Finalized(&done);
@@ -109,7 +130,7 @@ MpiProcessGroup::MpiProcessGroup(const LaunchInfo& info)
       comms_(std::make_unique<Communicators>()),
       peer_timeout_(std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(info.peer_timeout_s))),
       ping_interval_(std::min<Clock::duration>(peer_timeout_ / 4, std::chrono::seconds(5))) {
-  initialise_mpi_once();
+  initialise_mpi_once(info.peer_timeout_s);
   int rank = 0, size = 0;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   MPI_Comm_size(MPI_COMM_WORLD, &size);
