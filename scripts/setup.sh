@@ -27,7 +27,7 @@ cmake_args=(-DCMAKE_BUILD_TYPE=Release)
 if [ "$WITH_PYTHON" = 1 ]; then
   if [ ! -x .venv/bin/python ]; then python3 -m venv .venv; fi
   echo "setup: installing the fixture producers into .venv (torch, transformers, peft, verl)"
-  .venv/bin/pip install -q -r tests/fixtures/requirements.txt pytest
+  .venv/bin/pip install -q -r tests/fixtures/requirements.txt pytest pytest-xdist
   .venv/bin/pip install -q --no-deps -r tests/fixtures/requirements-verl.txt ||
     echo "setup: verl could not be installed: tests against verl's merger will skip"
   .venv/bin/pip install -q -r tests/fixtures/requirements-megatron.txt ||
