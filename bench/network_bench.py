@@ -10,7 +10,8 @@ one run with the same build:
 
 Per row: the link (rate, round trip as configured and as measured: the median of 20 one-byte TCP round trips), wall seconds of
 the merge (the processes' own figure), bytes the busiest node sent, how much of its link that
-used, the CPU of all processes together, and the ratio to the issue's bound:
+used, the CPU of all processes together, the largest process's peak RSS, and the ratio to the
+issue's bound:
   - latency rows (10 Gbit/s + 5 ms, + 20 ms): time / (2-node time on the unshaped bridge),
     bound 1.25 and 1.5;
   - bandwidth rows (1 Gbit/s + 0.5 ms): time / max(bridge time, busiest node's bytes / rate),
@@ -146,6 +147,7 @@ def main():
     for n in sorted({c[0] for c in cases}):
         split_nodes(role, workdir / f"nodes{n}", args.world_size, n)
 
+    one_process()  # warms the page cache: every row reads the same files
     base_runs = [one_process() for _ in range(args.rounds)]
     one_s = statistics.median(r["seconds"] for r in base_runs)
     one_cpu = statistics.median(r["cpu_seconds"] for r in base_runs)
@@ -167,7 +169,8 @@ def main():
             t = statistics.median(r[0]["seconds"] for r in runs)
             cpu = statistics.median(r[0]["cpu_seconds"] for r in runs)
             busiest = max(r[1] for r in runs)
-            rows.append(dict(n=n, rate=rate, rtt=rtt, rtt_seen=rtt_seen, kind=kind, t=t, cpu=cpu, busiest=busiest))
+            rss = max(r[0]["peak_rss_bytes"] for r in runs)
+            rows.append(dict(n=n, rate=rate, rtt=rtt, rtt_seen=rtt_seen, kind=kind, t=t, cpu=cpu, busiest=busiest, rss=rss))
     finally:
         if nodes_up:
             sh(netsim / "teardown.sh")
@@ -176,9 +179,10 @@ def main():
     bridge = {r["n"]: r["t"] for r in rows if r["rtt"] == "bridge"}
     print(f"\n{args.model} W={args.world_size} {args.dtype}: {fmt_bytes(in_bytes)} in, {fmt_bytes(out_bytes)} out; "
           f"median of {args.rounds} rounds; {os.cpu_count()} cores shared by every node")
-    print(f"1 process, every file: {one_s:.2f} s, {one_cpu:.2f} s CPU")
+    print(f"1 process, every file: {one_s:.2f} s, {one_cpu:.2f} s CPU, "
+          f"peak RSS {max(r['peak_rss_bytes'] for r in base_runs) / 2**20:.0f} MiB")
     print(f"{'nodes':>5} {'link':>8} {'RTT ms':>7} {'seen':>6} {'merge s':>8} {'busiest sent':>13} {'link use':>9} "
-          f"{'CPU s':>7} {'CPU x1':>7} {'ratio':>6} {'bound':>6}  held to")
+          f"{'CPU s':>7} {'CPU x1':>7} {'RSS MiB':>8} {'ratio':>6} {'bound':>6}  held to")
     for r in rows:
         rate = RATES.get(r["rate"])
         use = f"{r['busiest'] / r['t'] / rate:>8.0%}" if rate else f"{'-':>8}"
@@ -193,7 +197,7 @@ def main():
         else:
             ratio, bound, what = r["t"] / one_s, float("nan"), "1 process (the 4-node bridge baseline)"
         print(f"{r['n']:>5} {r['rate']:>8} {r['rtt']:>7} {r['rtt_seen']:>6.2f} {r['t']:>8.2f} {fmt_bytes(r['busiest']):>13} "
-              f"{use} {r['cpu']:>7.2f} {r['cpu'] / one_cpu:>7.2f} {ratio:>6.2f} {bound:>6.2f}  {what}")
+              f"{use} {r['cpu']:>7.2f} {r['cpu'] / one_cpu:>7.2f} {r['rss'] / 2**20:>8.0f} {ratio:>6.2f} {bound:>6.2f}  {what}")
     for n in sorted({c[0] for c in cases}):
         shutil.rmtree(workdir / f"nodes{n}", ignore_errors=True)
 
