@@ -58,6 +58,7 @@ def merge(
     check_crc: bool = True,
     distributed: bool = False,
     transport: str = "auto",
+    peer_timeout: float = 300,
     progress: Optional[Callable[[int, int], Any]] = None,
 ) -> Optional[dict[str, Any]]: ...
 def fold_lora(

@@ -6,6 +6,7 @@
 
 #include <unistd.h>
 
+#include <exception>
 #include <filesystem>
 #include <thread>
 
@@ -114,6 +115,17 @@ MergeOutcome merge_distributed(dist::ProcessGroup& group, const std::function<Pl
                                 return TempDirNotice{writer.temp_dir(), token};
                               }).at(0);
   HfTreeWriter& writer = *writer_slot;
+  // Rank 0 made the temp directory; if it is the peer that stopped answering, the launcher kills
+  // it before it can clean up, so a process that joined the directory removes it (and rank 0's
+  // lock) when the job ends that way.
+  struct RemoveIfPeerLost {
+    dist::ProcessGroup& group;
+    HfTreeWriter& writer;
+    int unwinding = std::uncaught_exceptions();
+    ~RemoveIfPeerLost() {
+      if (std::uncaught_exceptions() > unwinding && group.peer_lost()) writer.remove_joined();
+    }
+  } remove_if_peer_lost{group, writer};
   const std::string& temp_dir = temp.dir;
   const std::vector<bool> sees = dist::run_together(group, [&] {
     if (root) return true;

@@ -142,12 +142,16 @@ void HfTreeWriter::create_parents() {
     throw Error("the parent of the target is not a directory").file(fs::path(target_).parent_path().string());
 }
 
-void HfTreeWriter::lock_target() {
+std::string HfTreeWriter::lock_file() const {
   const fs::path t(target_);
   std::string name = ".";  // (built in steps: GCC 12 warns falsely on "." + string)
   name += t.filename().string();
   name += ".shardmerge.lock";
-  const std::string lock_file = (t.parent_path() / name).string();
+  return (t.parent_path() / name).string();
+}
+
+void HfTreeWriter::lock_target() {
+  const std::string lock_file = this->lock_file();
   lock_ = DirLock::try_lock(lock_file);
   if (!lock_.locked())
     throw Error("another shardmerge run is writing " + display_ + " (it holds " + lock_file +
@@ -191,6 +195,14 @@ void HfTreeWriter::attach(const std::string& temp_dir, const MergePlan& plan, co
   attached_ = true;
   if (!fs::is_directory(temp_)) throw Error("the shared temp directory does not exist here (is the target on a filesystem all processes share?)").file(temp_);
   create_files(plan, owned);
+}
+
+void HfTreeWriter::remove_joined() {
+  if (!attached_) return;
+  files_.clear();
+  std::error_code ec;
+  fs::remove_all(temp_, ec);
+  fs::remove(lock_file(), ec);
 }
 
 void HfTreeWriter::create_files(const MergePlan& plan, const std::vector<bool>& owned) {

@@ -39,6 +39,9 @@ class HfTreeWriter : public OutputSink {
   // Joins the temp directory that another process created (see create) and creates the files
   // this process owns there. A joined directory is never removed or renamed by this object.
   void attach(const std::string& temp_dir, const MergePlan& plan, const std::vector<bool>& owned);
+  // Removes a joined temp directory and its creator's lock file: for when the creator is gone
+  // (a peer that stopped answering, which the launcher kills before it can clean up).
+  void remove_joined();
   // Creates this process's files in the temp directory (create and attach do), again: rank 0
   // creates the directory before it knows its share.
   void create_files(const MergePlan& plan, const std::vector<bool>& owned);
@@ -75,6 +78,7 @@ class HfTreeWriter : public OutputSink {
   void check_target() const;
   void create_parents();
   void lock_target();
+  std::string lock_file() const;  // beside the target
   void require_space(const MergePlan& plan) const;
   // Renames the temp directory to the target, under interrupt::hold_off().
   void publish();

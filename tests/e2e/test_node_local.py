@@ -262,21 +262,32 @@ def spread_checkpoint(gen, tmp_path, nodes, model="qwen2.5-0.5b"):
                 os.link(f, tmp_path / f"node{r}" / rel)
 
 
-def test_a_stopped_process_fails_the_job_after_the_peer_timeout_and_a_rerun_succeeds(mpi, shardmerge_gen_bin, tmp_path):
+# Stopping rank 1 leaves the launcher to end it. Rank 0 made the temp directory and holds the lock;
+# stopped where the launcher's signals cannot reach it (its own session: a hung node), it never
+# cleans up, and the process that found it silent removes both.
+@pytest.mark.parametrize("stopped,unreachable", [(1, False), (0, True)])
+def test_a_stopped_process_fails_the_job_after_the_peer_timeout_and_a_rerun_succeeds(mpi, shardmerge_gen_bin, tmp_path,
+                                                                                     stopped, unreachable):
     spread_checkpoint(shardmerge_gen_bin, tmp_path, [[0, 3], [1, 2]])
     target = tmp_path / "multi"
-    # Rank 1 is stopped (SIGSTOP: alive, answering nothing) once the output's temp directory exists.
-    stop = (f'if [ "$OMPI_COMM_WORLD_RANK" = 1 ]; then {{ CMD & pid=$!; '
-            f'while ! ls -d "{target}".tmp-* >/dev/null 2>&1; do sleep 0.05; done; sleep 0.3; kill -STOP $pid; wait $pid; }}; '
+    pid_file = tmp_path / "stopped.pid"
+    # One process is stopped (SIGSTOP: alive, answering nothing) once the output's temp directory exists.
+    stop = (f'if [ "$OMPI_COMM_WORLD_RANK" = {stopped} ]; then {{ {"setsid " if unreachable else ""}CMD & pid=$!; '
+            f'echo $pid > "{pid_file}"; '
+            f'while ! ls -d "{target}".tmp-* >/dev/null 2>&1; do sleep 0.05; done; sleep 0.1; kill -STOP $pid; wait $pid; }}; '
             f'else exec CMD; fi')
     start = time.monotonic()
-    proc = mpirun(mpi, tmp_path, 2, ["--target_dir", target, "--threads", "1", "--peer-timeout", "3"],
-                  wrap=lambda cmd: stop.replace("CMD", cmd), timeout=120)
+    try:
+        proc = mpirun(mpi, tmp_path, 2, ["--target_dir", target, "--threads", "1", "--peer-timeout", "3"],
+                      wrap=lambda cmd: stop.replace("CMD", cmd), timeout=120)
+    finally:
+        if unreachable:  # what the launcher could not end
+            subprocess.run(["kill", "-KILL", pid_file.read_text().strip()], capture_output=True)
     elapsed = time.monotonic() - start
     out = proc.stdout + proc.stderr
     assert proc.returncode != 0, out
     assert elapsed < 60, f"the job took {elapsed:.0f} s to fail"
-    assert re.search(rf"process rank 1 on host {re.escape(socket.gethostname())} has not answered for \d+ s "
+    assert re.search(rf"process rank {stopped} on host {re.escape(socket.gethostname())} has not answered for \d+ s "
                      r"\(--peer-timeout\)", out), out
     assert leftovers(tmp_path, "multi") == [], out
     # The same run again, with nobody stopped, merges.
@@ -296,7 +307,7 @@ def test_the_launchers_sigterm_leaves_nothing_behind(mpi, shardmerge_gen_bin, tm
     while not list(tmp_path.glob("multi.tmp-*")) and launcher.poll() is None and time.monotonic() < deadline:
         time.sleep(0.02)
     assert launcher.poll() is None, "the merge ended before it could be interrupted: " + launcher.stdout.read()
-    time.sleep(0.3)
+    time.sleep(0.1)
     launcher.send_signal(signal.SIGTERM)  # as a batch system's teardown does
     out, _ = launcher.communicate(timeout=60)
     assert launcher.returncode != 0, out

@@ -177,6 +177,8 @@ MpiProcessGroup::~MpiProcessGroup() {
   MPI_Comm_free(&comms_->control);
 }
 
+bool MpiProcessGroup::peer_lost() const { return g_abort_at_exit; }
+
 std::vector<int> MpiProcessGroup::peers() const {
   std::vector<int> all;
   for (int r = 0; r < size(); ++r)

@@ -38,6 +38,7 @@ class MpiProcessGroup : public ProcessGroup, private DataPlane {
   std::string transport() const override { return "MPI"; }
   std::vector<std::string> all_gather(const std::string& mine, bool ok = true) override;
   DataPlane* data_plane() override { return this; }
+  bool peer_lost() const override;
 
  private:
   using Clock = std::chrono::steady_clock;

@@ -69,6 +69,8 @@ class ProcessGroup {
   virtual std::vector<std::string> all_gather(const std::string& mine, bool ok = true) = 0;
   // Rank 0's blob, everywhere (with the same error semantics).
   std::string broadcast(const std::string& from_root, bool ok = true);
+  // Whether a peer stopped answering (the job is ending without it).
+  virtual bool peer_lost() const { return false; }
   // This transport's own data plane (MPI point-to-point); null when it carries control messages
   // only.
   virtual DataPlane* data_plane() { return nullptr; }
