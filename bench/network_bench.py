@@ -32,8 +32,8 @@ import subprocess
 import time
 from pathlib import Path
 
-from merge_bench import fmt_bytes, generated_role
-from node_local_bench import split_nodes
+from merge_bench import fmt_bytes
+from node_local_bench import generated_checkpoint, split_nodes
 
 ROOT = Path(__file__).resolve().parent.parent
 MPI_ENV = dict(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
@@ -112,13 +112,7 @@ def main():
     if os.geteuid() != 0:
         raise SystemExit("network_bench: needs root (network namespaces): skipped")
 
-    build = Path(args.build_dir)
-    shardmerge = str(build / "shardmerge")
-    workdir = Path(args.workdir)
-    workdir.mkdir(parents=True, exist_ok=True)
-    role = generated_role(build, workdir, args.model, args.world_size, args.dtype)
-    in_bytes = sum(p.stat().st_size for p in role.rglob("*") if p.is_file())
-    target = workdir / "out"
+    shardmerge, workdir, role, in_bytes, target = generated_checkpoint(args)
 
     def one_process():
         shutil.rmtree(target, ignore_errors=True)

@@ -53,6 +53,17 @@ def split_nodes(role, base, world, nprocs):
     return base / "actor"
 
 
+def generated_checkpoint(args):
+    """The checkpoint args.model/world_size/dtype asks for, generated once into args.workdir (kept
+    for reruns): (the shardmerge binary, the workdir, the role dir, its bytes, the target)."""
+    build = Path(args.build_dir)
+    workdir = Path(args.workdir)
+    workdir.mkdir(parents=True, exist_ok=True)
+    role = generated_role(build, workdir, args.model, args.world_size, args.dtype)
+    in_bytes = sum(p.stat().st_size for p in role.rglob("*") if p.is_file())
+    return str(build / "shardmerge"), workdir, role, in_bytes, workdir / "out"
+
+
 def timed_json(cmd, env=None):
     start = time.perf_counter()
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
@@ -77,13 +88,7 @@ def main():
     ap.add_argument("--build-dir", default=str(ROOT / "build"))
     args = ap.parse_args()
 
-    build = Path(args.build_dir)
-    shardmerge = str(build / "shardmerge")
-    workdir = Path(args.workdir)
-    workdir.mkdir(parents=True, exist_ok=True)
-    role = generated_role(build, workdir, args.model, args.world_size, args.dtype)
-    in_bytes = sum(p.stat().st_size for p in role.rglob("*") if p.is_file())
-    target = workdir / "out"
+    shardmerge, workdir, role, in_bytes, target = generated_checkpoint(args)
 
     def shared():
         return timed_json([shardmerge, "merge", "--local_dir", str(role), "--target_dir", str(target), "--json",
