@@ -99,8 +99,6 @@ def merge(local_dir: PathLike, target_dir: PathLike, *, backend: str = "auto", d
     (the CLI's --peer-timeout)."""
     if transport not in ("auto", "mpi", "nccl"):
         raise ValueError(f"transport must be 'auto', 'mpi' or 'nccl', got {transport!r}")
-    if not peer_timeout > 0:
-        raise ValueError(f"peer_timeout must be a positive number of seconds, got {peer_timeout!r}")
     w = _write_options(target_dir, threads, memory_limit, device, gpu_memory, verify, force, check_crc, distributed)
     w.transport = transport
     w.peer_timeout = float(peer_timeout)

@@ -115,9 +115,9 @@ MergeOutcome merge_distributed(dist::ProcessGroup& group, const std::function<Pl
                                 return TempDirNotice{writer.temp_dir(), token};
                               }).at(0);
   HfTreeWriter& writer = *writer_slot;
-  // Rank 0 made the temp directory; if it is the peer that stopped answering, the launcher kills
-  // it before it can clean up, so a process that joined the directory removes it (and rank 0's
-  // lock) when the job ends that way.
+  // Rank 0 made the temp directory; if it is the peer that stopped answering, it may never run
+  // again to clean up (a hung node the launcher cannot reach), so a process that joined the
+  // directory removes it (and rank 0's lock) when the job ends that way.
   struct RemoveIfPeerLost {
     dist::ProcessGroup& group;
     HfTreeWriter& writer;

@@ -130,6 +130,7 @@ MergeOutcome merge(const MergeSource& source, const WriteOptions& o, const Merge
   if (o.target.empty()) throw usage_error("--target_dir is required");
   if (!o.profile.empty()) check_profile_path(o.profile);
   Trace trace(!o.profile.empty());
+  if (!(o.peer_timeout > 0)) throw usage_error("--peer-timeout must be a positive number of seconds");
   std::optional<dist::LaunchInfo> launch = o.multi_process ? dist::launch_from_environment() : std::nullopt;
   if (launch) launch->peer_timeout_s = o.peer_timeout;
   // Under a launcher, `--device cuda` means this process's own GPU, one process per GPU.

@@ -37,10 +37,11 @@ class HfTreeWriter : public OutputSink {
   // when several processes write one tree.
   void create(const MergePlan& plan, const std::vector<bool>& owned = {});
   // Joins the temp directory that another process created (see create) and creates the files
-  // this process owns there. A joined directory is never removed or renamed by this object.
+  // this process owns there. A joined directory is never removed or renamed by this object,
+  // but by remove_joined.
   void attach(const std::string& temp_dir, const MergePlan& plan, const std::vector<bool>& owned);
   // Removes a joined temp directory and its creator's lock file: for when the creator is gone
-  // (a peer that stopped answering, which the launcher kills before it can clean up).
+  // (a peer that stopped answering, which may not run again to clean up: a hung node).
   void remove_joined();
   // Creates this process's files in the temp directory (create and attach do), again: rank 0
   // creates the directory before it knows its share.

@@ -350,7 +350,8 @@ def test_corrupt_safetensors_raises_error_with_file(tmp_path):
 
 @pytest.mark.parametrize("kwargs", [{"dtype": "fp64"}, {"backend": "deepspeed"}, {"lora": "merge"},
                                     {"memory_limit": "lots"}, {"max_shard_size": "0"}, {"threads": -1},
-                                    {"device": "tpu"}, {"lora_alpha": -1.0}, {"transport": "gloo"}])
+                                    {"device": "tpu"}, {"lora_alpha": -1.0}, {"transport": "gloo"},
+                                    {"peer_timeout": 0}, {"peer_timeout": -5.0}])
 def test_bad_option_raises_value_error(kwargs, tmp_path):
     with pytest.raises(ValueError):
         shardmerge.merge(role_dir("qwen2_fsdp2_w2"), tmp_path / "out", **kwargs)

@@ -148,7 +148,12 @@ MpiProcessGroup::MpiProcessGroup(const LaunchInfo& info)
   peer_done_.assign(static_cast<size_t>(size), false);
   progress_ = std::make_unique<MpiProgress>();
   pinger_ = std::thread([this] { answer_pings(); });
-  hosts_ = all_gather(processor_name());
+  try {
+    hosts_ = all_gather(processor_name());
+  } catch (...) {  // a peer silent already: no destructor will stop the threads
+    stop_threads();
+    throw;
+  }
 }
 
 MpiProcessGroup::~MpiProcessGroup() {
@@ -159,7 +164,15 @@ MpiProcessGroup::~MpiProcessGroup() {
     } catch (...) {  // the job is failing already
     }
   }
-  // Only messages to itself from here on: a peer may be gone.
+  stop_threads();
+  if (broken) return;  // freeing a communicator may talk to the peers
+  MPI_Comm_free(&comms_->alive);
+  MPI_Comm_free(&comms_->data);
+  MPI_Comm_free(&comms_->control);
+}
+
+// Only messages to itself: a peer may be gone.
+void MpiProcessGroup::stop_threads() {
   {
     std::lock_guard<std::mutex> lock(serving_mutex_);
     stopping_ = true;
@@ -168,13 +181,10 @@ MpiProcessGroup::~MpiProcessGroup() {
   for (size_t i = 0; i < servers_.size(); ++i)
     MPI_Send(&kStopServing, sizeof kStopServing, MPI_BYTE, rank(), kRequestTag, comms_->data);
   for (std::thread& t : servers_) t.join();
+  servers_.clear();
   MPI_Send(&kStopBeat, sizeof kStopBeat, MPI_BYTE, rank(), 0, comms_->alive);
   pinger_.join();
   progress_.reset();
-  if (broken) return;  // freeing a communicator may talk to the peers
-  MPI_Comm_free(&comms_->alive);
-  MPI_Comm_free(&comms_->data);
-  MPI_Comm_free(&comms_->control);
 }
 
 bool MpiProcessGroup::peer_lost() const { return g_abort_at_exit; }
@@ -327,41 +337,43 @@ void MpiProcessGroup::serve_requests() {
     serving_cv_.wait(lock, [&] { return stopping_ || reply_bytes_in_flight_ == 0 || reply_bytes_in_flight_ + q.n <= kReplyBytesInFlight; });
     if (stopping_) return;
     reply_bytes_in_flight_ += q.n;
-    std::unique_ptr<std::vector<char>> buffer;
+    // The reply lives until MPI has sent it; then its bytes leave the budget and its buffer is
+    // kept for a later reply.
+    struct Reply {
+      std::vector<char> bytes;
+      std::string failure;
+    };
+    auto reply = std::make_shared<Reply>();
     if (!spare_buffers_.empty()) {
-      buffer = std::move(spare_buffers_.back());
+      reply->bytes = std::move(spare_buffers_.back());
       spare_buffers_.pop_back();
-    } else {
-      buffer = std::make_unique<std::vector<char>>();
     }
     lock.unlock();
-    std::string failure;
     try {
-      buffer->resize(q.n);
-      serve_(q.file, q.offset, buffer->data(), q.n);
+      reply->bytes.resize(q.n);
+      serve_(q.file, q.offset, reply->bytes.data(), q.n);
     } catch (const std::exception& e) {
-      failure = std::string(e.what()).substr(0, kMaxErrorText);
+      reply->failure = std::string(e.what()).substr(0, kMaxErrorText);
     }
-    const uint64_t n = q.n;
-    const char* data = buffer->data();
-    auto finished = [this, n, ok = failure.empty(), buffer = std::shared_ptr<std::vector<char>>(std::move(buffer))]() mutable {
+    auto finished = [this, n = q.n, reply] {
       std::lock_guard<std::mutex> done(serving_mutex_);
       reply_bytes_in_flight_ -= n;
-      if (ok) served_ += n;
-      if (spare_buffers_.size() < kServingThreads * 2) spare_buffers_.push_back(std::make_unique<std::vector<char>>(std::move(*buffer)));
+      if (reply->failure.empty()) served_ += n;
+      if (spare_buffers_.size() < kServingThreads * 2) spare_buffers_.push_back(std::move(reply->bytes));
       serving_cv_.notify_all();
     };
     MPI_Request sent;
-    if (failure.empty()) {
-      check(MPI_Isend(data, static_cast<int>(n), MPI_BYTE, from, q.reply_tag, comms_->data, &sent), "MPI_Isend (reply)");
+    if (reply->failure.empty()) {
+      check(MPI_Isend(reply->bytes.data(), static_cast<int>(q.n), MPI_BYTE, from, q.reply_tag, comms_->data, &sent),
+            "MPI_Isend (reply)");
       progress_->detach(sent, std::move(finished));
     } else {  // an empty reply, then the text
       check(MPI_Isend(nullptr, 0, MPI_BYTE, from, q.reply_tag, comms_->data, &sent), "MPI_Isend (error reply)");
       progress_->detach(sent);
-      auto text = std::make_shared<std::string>(std::move(failure));
-      check(MPI_Isend(text->data(), static_cast<int>(text->size()), MPI_BYTE, from, q.reply_tag + 1, comms_->data, &sent),
+      check(MPI_Isend(reply->failure.data(), static_cast<int>(reply->failure.size()), MPI_BYTE, from, q.reply_tag + 1,
+                      comms_->data, &sent),
             "MPI_Isend (error text)");
-      progress_->detach(sent, [text, finished = std::move(finished)]() mutable { finished(); });
+      progress_->detach(sent, std::move(finished));
     }
   }
 }

@@ -50,6 +50,7 @@ class MpiProcessGroup : public ProcessGroup, private DataPlane {
   uint64_t bytes_served() const override { return served_.load(); }
   void serve_requests();
   void answer_pings();
+  void stop_threads();  // the serving threads, the pinger, then the progress thread
   // Pings the peers that have been silent for a while; throws for one silent past the timeout.
   void check_alive(const std::vector<int>& peers);
   std::vector<int> peers() const;
@@ -77,7 +78,7 @@ class MpiProcessGroup : public ProcessGroup, private DataPlane {
   std::mutex serving_mutex_;
   std::condition_variable serving_cv_;  // replies in flight fell, or a peer is done, or stop
   uint64_t reply_bytes_in_flight_ = 0;
-  std::vector<std::unique_ptr<std::vector<char>>> spare_buffers_;
+  std::vector<std::vector<char>> spare_buffers_;
   std::vector<bool> peer_done_;
   bool stopping_ = false;
   std::atomic<uint64_t> served_{0};

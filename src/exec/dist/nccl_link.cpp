@@ -5,9 +5,9 @@
 #include <algorithm>
 #include <array>
 #include <chrono>
-#include <thread>
 #include <cstdio>
 #include <cstring>
+#include <thread>
 
 #include "exec/cuda/cuda_resources.hpp"
 #include "exec/dist/nccl_api.hpp"
