@@ -16,7 +16,7 @@ SHARDMERGE_FIXTURES="$PWD/$BUILD_DIR/fixtures" SHARDMERGE_GEN="$PWD/$BUILD_DIR/b
 # at -O0 with asserts on: the extra build is the largest part of the extra time (-O1 compiled
 # 30-40 % slower; the suites then ran in 24 s, at -O0 in about a minute). The unit
 # tests read the fixtures the main build generated. -fno-sanitize-recover makes any UB report
-# fatal. No -Werror here: GCC's flow warnings are noisy with sanitizers at -O1.
+# fatal. No -Werror here: GCC's flow warnings are noisy with the sanitizers.
 ASAN_DIR=$BUILD_DIR-asan
 sanitize="-fsanitize=address,undefined -fno-sanitize-recover=undefined"
 cmake -S . -B "$ASAN_DIR" -DCMAKE_BUILD_TYPE=Debug -DCMAKE_CXX_FLAGS_DEBUG="-O0 -g1" \
