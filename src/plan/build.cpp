@@ -8,6 +8,7 @@
 #include <unordered_set>
 
 #include "formats/safetensors.hpp"
+#include "plan/saved_names.hpp"
 #include "util/json_text.hpp"
 #include "geometry/sharding.hpp"
 #include "shardmerge/error.hpp"
@@ -178,6 +179,14 @@ MergePlan build_plan(const PlanInput& input, const OutputOptions& options) {
   if (float_dtype)
     if (auto warning = lossy_cast_warning(input, *float_dtype, chosen_by)) plan.warnings.push_back(std::move(*warning));
 
+  // A model loaded in a 16-bit dtype keeps some modules in float32 (routers, expert score
+  // biases): its save_pretrained writes them as float32, and so do the default and auto
+  // policies (an upcast of 16-bit sources is exact). --dtype bf16 or fp16 casts them too.
+  std::vector<std::string_view> fp32_patterns;
+  if (float_dtype && is_16bit_float(*float_dtype) && options.dtype_policy != DTypePolicy::Fixed && input.hf)
+    fp32_patterns = fp32_module_patterns(input.hf->architecture);
+  size_t kept_fp32 = 0;
+
   std::map<std::string_view, std::unordered_set<std::string_view>> names;  // by subdir
   for (const OutputGroup& group : input.groups) {
     std::vector<OutputTensor> outs;
@@ -196,7 +205,12 @@ MergePlan build_plan(const PlanInput& input, const OutputOptions& options) {
       const DType src = p.source->dtype;
       if (is_complex(src))
         throw Error("is " + std::string(dtype_name(src)) + "; complex tensors are not supported").tensor(p.name);
-      t.dtype = (float_dtype && is_floating(src) && !p.keep_dtype) ? *float_dtype : src;
+      t.dtype = src;
+      if (float_dtype && is_floating(src) && !p.keep_dtype) {
+        const bool fp32 = group.shard && kept_in_fp32(fp32_patterns, p.name);
+        t.dtype = fp32 ? DType::F32 : *float_dtype;
+        kept_fp32 += fp32;
+      }
       t.copies = p.source->pieces;
       t.origin = p.source->origin;
       if (p.fold) {
@@ -287,6 +301,9 @@ MergePlan build_plan(const PlanInput& input, const OutputOptions& options) {
     }
   }
   plan.sidecars.insert(plan.sidecars.end(), input.extra_sidecars.begin(), input.extra_sidecars.end());
+  if (kept_fp32)
+    plan.notes.push_back(std::to_string(kept_fp32) + " tensor(s) written as float32, as " + input.hf->architecture +
+                         " keeps them (routers, expert score biases) and its save_pretrained writes them");
   if (!input.hf || !input.hf->has_config)
     plan.notes.push_back("no HuggingFace config.json found beside the checkpoint: the output holds weights only");
   return plan;

@@ -1,8 +1,10 @@
 #include "plan/megatron_names.hpp"
 
 #include <algorithm>
+#include <array>
 #include <map>
 #include <optional>
+#include <set>
 
 #include "plan/regions.hpp"
 #include "shardmerge/error.hpp"
@@ -23,6 +25,7 @@ struct Rule {
   const char* megatron;  // per-layer name after "decoder.layers.<l>."; "*" stands for an expert id
   const char* hf;        // after "model.layers.<l>."; "*" is the expert id, "{}" the split part
   Split split = Split::None;
+  std::array<const char*, 3> parts = {};  // what "{}" becomes, part by part; empty: q/k/v or gate/up
 };
 
 // Rows in HF state-dict order, so output shards follow the order save_pretrained would use.
@@ -35,6 +38,21 @@ constexpr Rule kQkNorm[] = {
     {"self_attention.q_layernorm.weight", "self_attn.q_norm.weight"},
     {"self_attention.k_layernorm.weight", "self_attn.k_norm.weight"},
 };
+// Multi-head latent attention (DeepSeek-V3): low-rank q and kv projections with a norm between
+// the down- and the up-projection (fused into the up-projection by Transformer Engine, a module
+// of its own in the local spec). Without q_lora_rank, q is one projection.
+constexpr Rule kLatentAttention[] = {
+    {"self_attention.linear_q_proj.weight", "self_attn.q_proj.weight"},
+    {"self_attention.linear_q_down_proj.weight", "self_attn.q_a_proj.weight"},
+    {"self_attention.linear_q_up_proj.layer_norm_weight", "self_attn.q_a_layernorm.weight"},
+    {"self_attention.q_layernorm.weight", "self_attn.q_a_layernorm.weight"},
+    {"self_attention.linear_q_up_proj.weight", "self_attn.q_b_proj.weight"},
+    {"self_attention.linear_kv_down_proj.weight", "self_attn.kv_a_proj_with_mqa.weight"},
+    {"self_attention.linear_kv_up_proj.layer_norm_weight", "self_attn.kv_a_layernorm.weight"},
+    {"self_attention.kv_layernorm.weight", "self_attn.kv_a_layernorm.weight"},
+    {"self_attention.linear_kv_up_proj.weight", "self_attn.kv_b_proj.weight"},
+    {"self_attention.linear_proj.weight", "self_attn.o_proj.weight"},
+};
 constexpr Rule kDenseMlp[] = {
     {"mlp.linear_fc1.weight", "mlp.{}_proj.weight", Split::GateUp},
     {"mlp.linear_fc2.weight", "mlp.down_proj.weight"},
@@ -44,10 +62,23 @@ constexpr Rule kRoutedExperts[] = {
     {"mlp.experts.*.linear_fc1.weight", "mlp.experts.*.{}_proj.weight", Split::GateUp},
     {"mlp.experts.*.linear_fc2.weight", "mlp.experts.*.down_proj.weight"},
 };
+// Sigmoid routers with a learned per-expert bias on the scores (DeepSeek-V3, GLM4-MoE).
+constexpr Rule kExpertBias[] = {
+    {"mlp.router.expert_bias", "mlp.gate.e_score_correction_bias"},
+};
+constexpr Rule kMixtralExperts[] = {
+    {"mlp.router.weight", "block_sparse_moe.gate.weight"},
+    {"mlp.experts.*.linear_fc1.weight", "block_sparse_moe.experts.*.{}.weight", Split::GateUp, {"w1", "w3"}},
+    {"mlp.experts.*.linear_fc2.weight", "block_sparse_moe.experts.*.w2.weight"},
+};
 constexpr Rule kQwen2SharedExpert[] = {
     {"mlp.shared_experts.linear_fc1.weight", "mlp.shared_expert.{}_proj.weight", Split::GateUp},
     {"mlp.shared_experts.linear_fc2.weight", "mlp.shared_expert.down_proj.weight"},
     {"mlp.shared_experts.gate_weight", "mlp.shared_expert_gate.weight"},
+};
+constexpr Rule kDeepseekSharedExperts[] = {
+    {"mlp.shared_experts.linear_fc1.weight", "mlp.shared_experts.{}_proj.weight", Split::GateUp},
+    {"mlp.shared_experts.linear_fc2.weight", "mlp.shared_experts.down_proj.weight"},
 };
 // Transformer Engine fuses the norms into the next linear; the local spec keeps them apart.
 constexpr Rule kNorms[] = {
@@ -55,6 +86,15 @@ constexpr Rule kNorms[] = {
     {"input_layernorm.weight", "input_layernorm.weight"},
     {"mlp.linear_fc1.layer_norm_weight", "post_attention_layernorm.weight"},
     {"pre_mlp_layernorm.weight", "post_attention_layernorm.weight"},
+};
+// A multi-token-prediction layer's own modules (`mtp.layers.<i>.<name>`, written here as
+// "mtp.<name>"), saved as layer num_hidden_layers + i of the HF checkpoint; its transformer layer
+// (`mtp.layers.<i>.transformer_layer.*`) maps like a decoder layer.
+constexpr Rule kMtp[] = {
+    {"mtp.enorm.weight", "enorm.weight"},
+    {"mtp.hnorm.weight", "hnorm.weight"},
+    {"mtp.eh_proj.weight", "eh_proj.weight"},
+    {"mtp.final_layernorm.weight", "shared_head.norm.weight"},
 };
 
 struct Family {
@@ -77,8 +117,23 @@ const std::vector<Family>& families() {
       {"Qwen3ForCausalLM", rows(kAttention, kQkNorm, kDenseMlp, kNorms)},
       {"Qwen2MoeForCausalLM", rows(kAttention, kRoutedExperts, kQwen2SharedExpert, kNorms)},
       {"Qwen3MoeForCausalLM", rows(kAttention, kQkNorm, kRoutedExperts, kNorms)},
+      {"MixtralForCausalLM", rows(kAttention, kMixtralExperts, kNorms)},
+      {"DeepseekV3ForCausalLM",
+       rows(kLatentAttention, kDenseMlp, kRoutedExperts, kExpertBias, kDeepseekSharedExperts, kNorms, kMtp)},
+      {"Glm4MoeForCausalLM",
+       rows(kAttention, kQkNorm, kDenseMlp, kRoutedExperts, kExpertBias, kDeepseekSharedExperts, kNorms, kMtp)},
   };
   return f;
+}
+
+std::vector<const char*> part_names(const Rule& r) {
+  if (r.parts[0]) return {r.parts.begin(), std::find(r.parts.begin(), r.parts.end(), nullptr)};
+  switch (r.split) {
+    case Split::GateUp: return {"gate", "up"};
+    case Split::Qkv: return {"q", "k", "v"};
+    case Split::None: break;
+  }
+  return {nullptr};
 }
 
 constexpr const char* kAdapterIn = ".adapter.linear_in.weight";
@@ -135,6 +190,7 @@ class Mapper {
     for (const SourceTensor& t : megatron.tensors) unstack(t);
     std::vector<std::string> unknown;
     for (LayerTensor& lt : layer_tensors_) map(lt, unknown);
+    add_mtp_copies();
     if (!unknown.empty()) {
       std::string list;
       for (size_t i = 0; i < unknown.size() && i < 12; ++i) list += (i ? ", " : "") + unknown[i];
@@ -154,6 +210,7 @@ class Mapper {
   void unstack(const SourceTensor& t) {
     const std::string prefix = "decoder.layers.";
     if (t.name.find("_extra_state") != std::string::npos) return;
+    if (unstack_mtp(t)) return;
     if (t.name.rfind(prefix, 0) != 0) {
       layer_tensors_.push_back({-1, -1, t.name, t});
       return;
@@ -170,6 +227,43 @@ class Mapper {
                   std::to_string(layers_) + " layers")
           .tensor(t.name);
     for (int64_t l = 0; l < layers_; ++l) add_layer_key(l, rest, t, 1, l);
+  }
+
+  // A per-layer multi-token-prediction key `mtp.layers.<i>.<rest>`: layer num_hidden_layers + i.
+  bool unstack_mtp(const SourceTensor& t) {
+    const std::string prefix = "mtp.layers.", block = "transformer_layer.";
+    if (t.name.rfind(prefix, 0) != 0) return false;
+    const std::string rest = t.name.substr(prefix.size());
+    const size_t dot = rest.find('.');
+    const auto index = dot == std::string::npos ? std::nullopt : parse_decimal(rest.substr(0, dot));
+    if (!index) return false;
+    const int64_t layer = layers_ + *index;
+    mtp_layers_.insert(layer);
+    const std::string inner = rest.substr(dot + 1);
+    if (inner.rfind(block, 0) == 0)
+      add_layer_key(layer, inner.substr(block.size()), t, 0);
+    else
+      layer_tensors_.push_back({layer, -1, "mtp." + inner, t});
+    return true;
+  }
+
+  // An MTP layer of the HF checkpoint holds its own copies of the embedding and the output
+  // layer (embed_tokens, shared_head.head), as DeepSeek-V3's and GLM-4.5's checkpoints do.
+  void add_mtp_copies() {
+    for (const int64_t layer : mtp_layers_) {
+      const std::string p = "model.layers." + std::to_string(layer) + ".";
+      const Key key{1, layer, -1, family_->rules.size(), 0};
+      if (embedding_) {
+        SourceTensor e = *embedding_;
+        e.name = p + "embed_tokens.weight";
+        emit(std::move(e), key);
+      }
+      if (const SourceTensor* head = output_ ? &*output_ : tied_ && embedding_ ? &*embedding_ : nullptr) {
+        SourceTensor h = *head;
+        h.name = p + "shared_head.head.weight";
+        emit(std::move(h), {1, layer, -1, family_->rules.size(), 1});
+      }
+    }
   }
 
   // `drop` leading dims of `t` are indexed by `lead` (the layer for stacked keys).
@@ -259,8 +353,8 @@ class Mapper {
         out.name = hf;
         return emit(std::move(out), key);
       }
-      case Split::GateUp: return split_gate_up(t, hf, key);
-      case Split::Qkv: return split_qkv(t, hf, key);
+      case Split::GateUp: return split_gate_up(t, hf, part_names(family_->rules[rule]), key);
+      case Split::Qkv: return split_qkv(t, hf, part_names(family_->rules[rule]), key);
     }
   }
 
@@ -276,13 +370,7 @@ class Mapper {
     hf = hf.substr(0, hf.size() - std::string(".weight").size()) + (is_a ? ".lora_A.weight" : ".lora_B.weight");
     const Key key{4, lt.layer, lt.expert, *rule, 0};
     if (!is_a) return map_rows(lt.tensor, *rule, hf, key);
-    std::vector<const char*> parts;
-    switch (family_->rules[*rule].split) {
-      case Split::None: parts = {nullptr}; break;
-      case Split::GateUp: parts = {"gate", "up"}; break;
-      case Split::Qkv: parts = {"q", "k", "v"}; break;
-    }
-    for (const char* p : parts) {
+    for (const char* p : part_names(family_->rules[*rule])) {
       SourceTensor a = lt.tensor;
       a.name = p ? part(hf, p) : hf;
       emit(std::move(a), key);
@@ -290,7 +378,10 @@ class Mapper {
   }
 
   void map_global(const SourceTensor& t, std::vector<std::string>& unknown) {
-    if (t.name == "embedding.word_embeddings.weight") return emit(trim_vocab(t, "model.embed_tokens.weight"), {0, 0, 0, 0, 0});
+    if (t.name == "embedding.word_embeddings.weight") {
+      embedding_ = trim_vocab(t, "model.embed_tokens.weight");
+      return emit(*embedding_, {0, 0, 0, 0, 0});
+    }
     if (t.name == "decoder.final_layernorm.weight") {
       SourceTensor out = t;
       out.name = "model.norm.weight";
@@ -312,7 +403,8 @@ class Mapper {
         out_.notes.push_back("tied embeddings: output_layer.weight is a copy of the embedding and is not written");
         return;
       }
-      return emit(trim_vocab(t, "lm_head.weight"), {3, 0, 0, 0, 0});
+      output_ = trim_vocab(t, "lm_head.weight");
+      return emit(*output_, {3, 0, 0, 0, 0});
     }
     unknown.push_back(t.name);
   }
@@ -348,18 +440,18 @@ class Mapper {
     return s;
   }
 
-  void split_gate_up(const SourceTensor& t, const std::string& hf, Key key) {
+  void split_gate_up(const SourceTensor& t, const std::string& hf, const std::vector<const char*>& parts, Key key) {
     if (t.shape.empty() || t.shape[0] % 2)
       throw Error("fused gate/up projection has an odd number of rows: " + shape_string(t.shape)).tensor(t.name);
     const int64_t half = t.shape[0] / 2;
     std::get<4>(key) = 0;
-    emit(assemble(part(hf, "gate"), t.dtype, with_rows(t, half), {rows_of(t, 0, half, 0)}, t.origin), key);
+    emit(assemble(part(hf, parts.at(0)), t.dtype, with_rows(t, half), {rows_of(t, 0, half, 0)}, t.origin), key);
     std::get<4>(key) = 1;
-    emit(assemble(part(hf, "up"), t.dtype, with_rows(t, half), {rows_of(t, half, half, 0)}, t.origin), key);
+    emit(assemble(part(hf, parts.at(1)), t.dtype, with_rows(t, half), {rows_of(t, half, half, 0)}, t.origin), key);
   }
 
   // Megatron keeps QKV grouped per KV head: [q_1..q_{h/g}, k, v] x groups, head_dim rows each.
-  void split_qkv(const SourceTensor& t, const std::string& hf, Key key) {
+  void split_qkv(const SourceTensor& t, const std::string& hf, const std::vector<const char*>& parts, Key key) {
     const int64_t q_per_kv = heads_ / kv_heads_;
     const int64_t group = (q_per_kv + 2) * head_dim_;
     if (t.shape.empty() || t.shape[0] != kv_heads_ * group)
@@ -375,11 +467,11 @@ class Mapper {
       v.push_back(rows_of(t, g * group + qr + head_dim_, head_dim_, g * head_dim_));
     }
     std::get<4>(key) = 0;
-    emit(assemble(part(hf, "q"), t.dtype, with_rows(t, kv_heads_ * qr), q, t.origin), key);
+    emit(assemble(part(hf, parts.at(0)), t.dtype, with_rows(t, kv_heads_ * qr), q, t.origin), key);
     std::get<4>(key) = 1;
-    emit(assemble(part(hf, "k"), t.dtype, with_rows(t, kv_heads_ * head_dim_), k, t.origin), key);
+    emit(assemble(part(hf, parts.at(1)), t.dtype, with_rows(t, kv_heads_ * head_dim_), k, t.origin), key);
     std::get<4>(key) = 2;
-    emit(assemble(part(hf, "v"), t.dtype, with_rows(t, kv_heads_ * head_dim_), v, t.origin), key);
+    emit(assemble(part(hf, parts.at(2)), t.dtype, with_rows(t, kv_heads_ * head_dim_), v, t.origin), key);
   }
 
   MegatronMapOptions options_;
@@ -387,6 +479,8 @@ class Mapper {
   int64_t layers_ = 0, heads_ = 0, kv_heads_ = 0, head_dim_ = 0, vocab_ = 0;
   bool tied_ = false;
   std::vector<LayerTensor> layer_tensors_;
+  std::set<int64_t> mtp_layers_;
+  std::optional<SourceTensor> embedding_, output_;  // as written (vocab rows trimmed), for MTP layers' copies
   HfTensors out_;
   std::map<std::string, Key> sort_key_;
 };
@@ -403,11 +497,15 @@ std::vector<MegatronNameRule> megatron_name_rules(const std::string& architectur
   std::vector<MegatronNameRule> out;
   for (const auto& f : families())
     if (architecture == f.architecture)
-      for (const Rule& r : f.rules)
+      for (const Rule& r : f.rules) {
+        std::vector<std::string> parts;
+        for (const char* p : part_names(r))
+          if (p) parts.emplace_back(p);
         out.push_back({r.split == Split::Qkv      ? MegatronNameRule::Split::Qkv
                        : r.split == Split::GateUp ? MegatronNameRule::Split::GateUp
                                                   : MegatronNameRule::Split::None,
-                       r.megatron, r.hf});
+                       r.megatron, r.hf, std::move(parts)});
+      }
   return out;
 }
 

@@ -29,11 +29,14 @@ HfTensors map_megatron_to_hf(const SourceSet& megatron, const nlohmann::ordered_
 
 // One row of an architecture's table, for readers that map names on their own (verify):
 // `megatron` is the per-layer name after "decoder.layers.<l>." ("*" stands for an expert id),
-// `hf` the name after "model.layers.<l>." ("*" the expert id, "{}" the split part).
+// `hf` the name after "model.layers.<l>." ("*" the expert id, "{}" the split part). A
+// multi-token-prediction layer `mtp.layers.<i>` is HF layer num_hidden_layers + i: its
+// `transformer_layer.<name>` maps by the decoder rows, its own modules by rows named "mtp.<name>".
 struct MegatronNameRule {
   enum class Split { None, Qkv, GateUp } split = Split::None;
   std::string megatron;
   std::string hf;
+  std::vector<std::string> parts;  // what "{}" in `hf` becomes, part by part (q/k/v, gate/up, w1/w3)
 };
 // The table of `architecture`; empty when there is none.
 std::vector<MegatronNameRule> megatron_name_rules(const std::string& architecture);

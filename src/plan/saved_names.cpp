@@ -225,6 +225,90 @@ const SavedNameClass* saved_name_class(const nlohmann::ordered_json& config) {
   return nullptr;
 }
 
+namespace {
+
+struct Fp32Modules {
+  std::string_view architecture;
+  std::vector<std::string_view> patterns;
+};
+
+// transformers 5.24's `_keep_in_fp32_modules_strict`, per model class, as its model instance
+// holds it (merged over sub-models).
+const std::vector<Fp32Modules>& fp32_modules() {
+  static const std::vector<Fp32Modules> table = {
+      {"AXK1ForCausalLM", {"e_score_correction_bias", "gate.weight"}},
+      {"AXK2ForCausalLM", {"e_score_correction_bias", "gate.weight"}},
+      {"AfmoeForCausalLM", {"expert_bias"}},
+      {"Apertus1p5ForConditionalGeneration", {"audio_tokenizer", "vision_tokenizer"}},
+      {"BailingHybridForCausalLM", {"A_log", "conv1d", "dt_bias", "e_score_correction_bias", "gate.weight"}},
+      {"BeamForCausalLM", {"e_score_correction_bias", "mlp.gate.weight"}},
+      {"DeepseekV2ForCausalLM", {"gate.weight"}},
+      {"DeepseekV32ForCausalLM", {"e_score_correction_bias", "gate.weight"}},
+      {"DeepseekV3ForCausalLM", {"e_score_correction_bias", "gate.weight"}},
+      {"DeepseekV4ForCausalLM", {"attn_hc", "e_score_correction_bias", "ffn_hc", "hc_head", "input_layernorm", "kv_norm", "norm", "position_bias", "post_attention_layernorm", "q_a_norm", "sinks"}},
+      {"Dots3NoteForCausalLM", {"e_score_correction_bias", "gate.weight"}},
+      {"Dots3NoteForConditionalGeneration", {"e_score_correction_bias", "gate.weight"}},
+      {"Ernie4_5_MoeForCausalLM", {"e_score_correction_bias", "gate.weight"}},
+      {"Ernie4_5_VLMoeForConditionalGeneration", {"e_score_correction_bias", "gate.weight"}},
+      {"ExaoneMoeForCausalLM", {"e_score_correction_bias", "gate.weight"}},
+      {"FlintForCausalLM", {"gate.weight", "sinks"}},
+      {"Glm4MoeForCausalLM", {"e_score_correction_bias", "gate.weight"}},
+      {"Glm4MoeLiteForCausalLM", {"e_score_correction_bias", "gate.weight"}},
+      {"Glm4vMoeForConditionalGeneration", {"e_score_correction_bias", "gate.weight"}},
+      {"Glm5NextForConditionalGeneration", {"A_log", "attn_hc.base", "attn_hc.scale", "conv1d", "dt_bias", "e_score_correction_bias", "ffn_hc.base", "ffn_hc.scale", "gate.weight"}},
+      {"GlmMoeDsaForCausalLM", {"e_score_correction_bias", "gate.weight"}},
+      {"HYV3ForCausalLM", {"e_score_correction_bias", "gate.weight"}},
+      {"HYV4ForCausalLM", {"base", "e_score_correction_bias", "fn", "gate.weight", "hc_base", "hc_fn", "hc_scale", "k_norm", "lm_head", "scale", "sinks", "weights_proj"}},
+      {"HYV4VLForConditionalGeneration", {"base", "e_score_correction_bias", "fn", "gate.weight", "hc_base", "hc_fn", "hc_scale", "k_norm", "lm_head", "scale", "sinks", "weights_proj"}},
+      {"Inkling2ForCausalLM", {"attention_input", "e_score_correction_bias", "final_input", "mlp.gate.weight", "mlp_input", "post_attention_convolution", "post_mlp_convolution", "sconv.conv1d"}},
+      {"Inkling2ForConditionalGeneration", {"attention_input", "e_score_correction_bias", "final_input", "mlp.gate.weight", "mlp_input", "post_attention_convolution", "post_mlp_convolution", "sconv.conv1d"}},
+      {"Inkling2LoopForCausalLM", {"attention_input", "e_score_correction_bias", "final_input", "forget_gate_proj", "message_gate_proj", "message_input", "mlp.gate.weight", "mlp_input", "post_attention_convolution", "post_mlp_convolution", "sconv.conv1d"}},
+      {"Inkling2LoopForConditionalGeneration", {"attention_input", "e_score_correction_bias", "final_input", "forget_gate_proj", "message_gate_proj", "message_input", "mlp.gate.weight", "mlp_input", "post_attention_convolution", "post_mlp_convolution", "sconv.conv1d"}},
+      {"InklingForCausalLM", {"attn_sconv", "e_score_correction_bias", "gate.global_scale", "k_sconv", "mlp_sconv", "v_sconv"}},
+      {"KimiLinearForCausalLM", {"dt_bias", "e_score_correction_bias", "gate.weight"}},
+      {"Kimi_K25ForConditionalGeneration", {"e_score_correction_bias", "gate.weight"}},
+      {"Kolibri1ForCausalLM", {"e_score_correction_bias"}},
+      {"MiMoV2FlashForCausalLM", {"e_score_correction_bias", "mlp.gate.weight"}},
+      {"MistralLarge4ForConditionalGeneration", {"mlp.gate.weight", "rotary_emb"}},
+      {"MuseSparkForConditionalGeneration", {"e_score_correction_bias", "mlp.gate.weight", "post_attention_residual_gate", "post_feedforward_residual_gate"}},
+      {"NemotronHForCausalLM", {"e_score_correction_bias", "gate.weight"}},
+      {"NemotronH_Omni_Reasoning_V3", {"e_score_correction_bias", "gate.weight"}},
+      {"SolarOpenForCausalLM", {"e_score_correction_bias", "gate.weight"}},
+      {"UnlimitedOcrForConditionalGeneration", {"gate.weight"}},
+  };
+  return table;
+}
+
+// A regular-expression search where the pattern's only special characters are '.' (any one
+// character) and '*' (taken as ".*"), which is what transformers' glob alternation makes of them.
+bool glob_matches_at(std::string_view name, size_t at, std::string_view pattern) {
+  for (size_t i = 0; i < pattern.size(); ++i) {
+    if (pattern[i] == '*') {
+      for (size_t k = at; k <= name.size(); ++k)
+        if (glob_matches_at(name, k, pattern.substr(i + 1))) return true;
+      return false;
+    }
+    if (at >= name.size() || (pattern[i] != '.' && pattern[i] != name[at])) return false;
+    ++at;
+  }
+  return true;
+}
+
+}  // namespace
+
+std::vector<std::string_view> fp32_module_patterns(std::string_view architecture) {
+  for (const Fp32Modules& row : fp32_modules())
+    if (row.architecture == architecture) return row.patterns;
+  return {};
+}
+
+bool kept_in_fp32(const std::vector<std::string_view>& patterns, std::string_view name) {
+  for (std::string_view pattern : patterns)
+    for (size_t at = 0; at <= name.size(); ++at)
+      if (glob_matches_at(name, at, pattern)) return true;
+  return false;
+}
+
 std::vector<SavedPart> saved_parts(const SavedNameRules& rules, const std::string& runtime_name,
                                    const std::vector<int64_t>& shape) {
   for (const ExpertSplit& split : rules.splits) {

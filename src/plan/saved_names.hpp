@@ -80,6 +80,15 @@ bool looks_like_runtime_name(const std::string& name, const std::vector<int64_t>
 // building. A LoRA fold into a fused tensor is refused.
 void apply_saved_names(OutputGroup& group, const SavedNameRules& rules, std::deque<SourceTensor>& parts);
 
+// The module patterns a model class keeps in float32 when it is loaded in a 16-bit dtype
+// (transformers' `_keep_in_fp32_modules_strict`: routers, expert score biases and the like), so
+// that its save_pretrained writes those tensors as float32 in a bf16 or fp16 checkpoint. Patterns
+// are matched as transformers matches them: searched anywhere in the name, '.' any character,
+// '*' any run of characters. Empty for a class that keeps nothing in float32 (or is unknown).
+// SavedNames.KeepsTransformersFp32Tensors checks the table against transformers.
+std::vector<std::string_view> fp32_module_patterns(std::string_view architecture);
+bool kept_in_fp32(const std::vector<std::string_view>& patterns, std::string_view name);
+
 // transformers' `dot_natural_key` order (save_pretrained sorts by it when it converts):
 // dotted parts compared as numbers when they are digits, else as text then trailing number.
 bool dot_natural_less(const std::string& a, const std::string& b);

@@ -1,6 +1,7 @@
 #include "verify/reference_model.hpp"
 
 #include <optional>
+#include <set>
 #include <span>
 
 #include "plan/megatron_names.hpp"
@@ -43,11 +44,17 @@ class MegatronMapper {
     kv_heads_ = config_int(config, "num_key_value_heads", heads_);
     head_dim_ = config_int(config, "head_dim", config_int(config, "hidden_size") / heads_);
     vocab_ = config_int(config, "vocab_size");
+    layers_ = config_int(config, "num_hidden_layers");
   }
 
   void run() {
+    std::set<int64_t> mtp_layers;
     for (const ReferenceTensor& t : model_.sources.tensors) {
       if (t.name.find("_extra_state") != std::string::npos) continue;
+      if (const auto layer = mtp_key(t)) {
+        mtp_layers.insert(*layer);
+        continue;
+      }
       const std::string prefix = "decoder.layers.";
       if (t.name.rfind(prefix, 0) != 0) {
         global(t);
@@ -62,9 +69,35 @@ class MegatronMapper {
       // Layer-stacked: source index 0 is the layer.
       for (int64_t l = 0; l < (t.shape.empty() ? 0 : t.shape[0]); ++l) layer_key(t, {l}, l, rest);
     }
+    // An MTP layer of the HF checkpoint holds copies of the embedding and the output layer.
+    for (const int64_t layer : mtp_layers) {
+      const std::string p = "model.layers." + std::to_string(layer) + ".";
+      const auto embedding = model_.weights.find("model.embed_tokens.weight");
+      auto head = model_.weights.find("lm_head.weight");
+      if (head == model_.weights.end()) head = embedding;
+      if (embedding != model_.weights.end()) model_.weights[p + "embed_tokens.weight"] = embedding->second;
+      if (head != model_.weights.end()) model_.weights[p + "shared_head.head.weight"] = head->second;
+    }
   }
 
  private:
+  // `mtp.layers.<i>.<rest>`, HF layer num_hidden_layers + i; that layer, or nothing for other keys.
+  std::optional<int64_t> mtp_key(const ReferenceTensor& t) {
+    const std::string prefix = "mtp.layers.", block = "transformer_layer.";
+    if (t.name.rfind(prefix, 0) != 0) return std::nullopt;
+    const std::string rest = t.name.substr(prefix.size());
+    const std::string first = rest.substr(0, rest.find('.'));
+    const auto index = parse_decimal(first);
+    if (!index || first.size() == rest.size()) return std::nullopt;
+    const int64_t layer = layers_ + *index;
+    const std::string inner = rest.substr(first.size() + 1);
+    if (inner.rfind(block, 0) == 0)
+      layer_key(t, {}, layer, inner.substr(block.size()));
+    else
+      add(t, {}, layer, -1, "mtp." + inner);
+    return layer;
+  }
+
   void global(const ReferenceTensor& t) {
     auto trimmed = [&](const std::string& hf) {
       SourceMap m = whole(t);
@@ -137,21 +170,22 @@ class MegatronMapper {
       return out;
     };
     if (rule.split == MegatronNameRule::Split::None) return {{"", m}};
+    const auto& part = rule.parts;
     if (rule.split == MegatronNameRule::Split::GateUp) {
       const int64_t half = m.shape.at(0) / 2;
-      return {{"gate", rows(half, [](int64_t r) { return r; })},
-              {"up", rows(half, [half](int64_t r) { return half + r; })}};
+      return {{part.at(0), rows(half, [](int64_t r) { return r; })},
+              {part.at(1), rows(half, [half](int64_t r) { return half + r; })}};
     }
     const int64_t q_per_kv = heads_ / kv_heads_, hd = head_dim_;
     const int64_t q_rows = q_per_kv * hd, group = (q_per_kv + 2) * hd;
-    return {{"q", rows(kv_heads_ * q_rows, [=](int64_t r) { return r / q_rows * group + r % q_rows; })},
-            {"k", rows(kv_heads_ * hd, [=](int64_t r) { return r / hd * group + q_rows + r % hd; })},
-            {"v", rows(kv_heads_ * hd, [=](int64_t r) { return r / hd * group + q_rows + hd + r % hd; })}};
+    return {{part.at(0), rows(kv_heads_ * q_rows, [=](int64_t r) { return r / q_rows * group + r % q_rows; })},
+            {part.at(1), rows(kv_heads_ * hd, [=](int64_t r) { return r / hd * group + q_rows + r % hd; })},
+            {part.at(2), rows(kv_heads_ * hd, [=](int64_t r) { return r / hd * group + q_rows + hd + r % hd; })}};
   }
 
   ReferenceModel& model_;
   std::vector<MegatronNameRule> rules_;
-  int64_t heads_ = 0, kv_heads_ = 0, head_dim_ = 0, vocab_ = 0;
+  int64_t heads_ = 0, kv_heads_ = 0, head_dim_ = 0, vocab_ = 0, layers_ = 0;
 };
 
 }  // namespace

@@ -43,13 +43,23 @@ def merged_megatron(run, fixtures, tmp_path_factory):
 
 
 def test_merge_equals_the_hf_weights_it_came_from(megatron_fx, fixtures, merged_megatron):
-    out = merged_megatron(megatron_fx, "--dtype", "keep", *BASE)
-    assert_tensors_bitwise(load_hf(out), expected_weights(fixtures, megatron_fx), megatron_fx["name"])
+    """--dtype keep writes each tensor in the checkpoint's dtype: where save_pretrained upcasts a
+    16-bit router to float32, the merge keeps the 16 bits it was trained in (an exact round trip)."""
+    out = load_hf(merged_megatron(megatron_fx, "--dtype", "keep", *BASE))
+    exp = expected_weights(fixtures, megatron_fx)
+    for k, v in exp.items():
+        if k in out and v.dtype == torch.float32 and out[k].dtype == torch.bfloat16:
+            assert torch.equal(v.to(torch.bfloat16).float(), v), f"{k}: float32 in expected/ that bf16 cannot hold"
+            exp[k] = v.to(torch.bfloat16)
+    assert_tensors_bitwise(out, exp, megatron_fx["name"])
 
 
 def test_default_dtype_is_bf16_rounded_like_torch(megatron_fx, fixtures, merged_megatron):
+    """bf16, but for the tensors the model class keeps in float32 (routers, e_score_correction_bias):
+    a bf16 fixture's expected/ is its class's save_pretrained, which writes those as float32."""
     out = load_hf(merged_megatron(megatron_fx, *BASE))
-    exp = {k: v.to(torch.bfloat16) if v.is_floating_point() else v
+    kept = megatron_fx["param_dtype"] != "float32"
+    exp = {k: v.to(torch.bfloat16) if v.is_floating_point() and not (kept and v.dtype == torch.float32) else v
            for k, v in expected_weights(fixtures, megatron_fx).items()}
     assert_tensors_bitwise(out, exp, megatron_fx["name"] + " (bf16)")
 
@@ -71,8 +81,11 @@ def test_config_and_tokenizer_written(megatron_fx, merged_megatron):
 
 
 @pytest.mark.parametrize("name", ["qwen2_megatron_tp2_pp2", "llama_megatron_tp2", "qwen3moe_megatron_ep2",
-                                  "qwen2_megatron_tp2_pp2_legacy"])
+                                  "qwen2_megatron_tp2_pp2_legacy", "mixtral_megatron_ep2", "deepseekv3_megatron_ep2",
+                                  "glm4moe_megatron_tp2"])
 def test_loads_in_transformers_without_missing_keys(name, manifest, fixtures, merged_megatron):
+    """Loads with no missing or unexpected keys, and gives the logits of the model the fixture's
+    expected/ weights make."""
     transformers = pytest.importorskip("transformers")
     fx = next((f for f in manifest["fixtures"] if f["name"] == name and f.get("status") == "ok"), None)
     if fx is None:
@@ -81,9 +94,14 @@ def test_loads_in_transformers_without_missing_keys(name, manifest, fixtures, me
     model, info = transformers.AutoModelForCausalLM.from_pretrained(str(out), output_loading_info=True)
     for key in ("missing_keys", "unexpected_keys", "mismatched_keys"):
         assert not info[key], f"{name}: {key} {info[key]}"
+    model = model.float()  # as the oracle: both computed in float32 from the same values
+    oracle = transformers.AutoModelForCausalLM.from_pretrained(str(fixtures / fx["expected"]), dtype=torch.float32)
     with torch.no_grad():
-        logits = model(torch.tensor([[1, 5, 9, 200]])).logits
-    assert torch.isfinite(logits).all()
+        ids = torch.tensor([[1, 5, 9, 200]])
+        logits = model(ids).logits
+        assert torch.isfinite(logits).all()
+        if not fx.get("value_model"):
+            assert torch.equal(logits, oracle(ids).logits), f"{name}: logits differ from expected/'s model"
 
 
 def test_dist_only_save_without_config_says_how_to_fix(manifest, fixtures, run, tmp_path):
@@ -117,8 +135,10 @@ def test_verify_against_expected(megatron_fx, fixtures, run):
     if megatron_fx.get("value_model"):
         pytest.skip("the expected tree names the value head lm_head.weight (mbridge), we write score.weight")
     args = megatron_merge_args(fixtures, megatron_fx)
+    # expected/ is save_pretrained's: a bf16 model's float32 routers are what --dtype default writes
+    dtype = "keep" if megatron_fx["param_dtype"] == "float32" else "default"
     proc = run("verify", "--local_dir", fixtures / megatron_fx["role_dir"], "--test_hf_dir",
-               fixtures / megatron_fx["expected"], "--dtype", "keep", *BASE, *args, check=False)
+               fixtures / megatron_fx["expected"], "--dtype", dtype, *BASE, *args, check=False)
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 

@@ -166,7 +166,12 @@ def run_cmd(shardmerge_bin, args):
 
 
 def check_mutations(shardmerge_bin, tmp_path, source_root: Path, victims, mutate, make_args, label):
-    """Mutates one victim file per case; `make_args(root, target)` builds the command line."""
+    """Mutates one victim file per case; `make_args(root, target)` builds the command line. The
+    cases link to a private copy: a hard link to the shared fixture would change its files'
+    ctime under a merge another test worker is running from them."""
+    private = tmp_path / "source"
+    shutil.copytree(source_root, private, symlinks=True)
+    source_root = private
     reference = tmp_path / "reference"
     proc = run_cmd(shardmerge_bin, make_args(source_root, reference))
     assert proc.returncode == 0, proc.stderr.decode(errors="replace")

@@ -311,7 +311,18 @@ def test_the_launchers_sigterm_leaves_nothing_behind(mpi, shardmerge_gen_bin, tm
     launcher.send_signal(signal.SIGTERM)  # as a batch system's teardown does
     out, _ = launcher.communicate(timeout=60)
     assert launcher.returncode != 0, out
-    assert leftovers(tmp_path, "multi") == [], out
+    if "removed the unfinished output" in out:  # rank 0, which made them, took its SIGTERM
+        assert leftovers(tmp_path, "multi") == [], out
+        return
+    # Rank 0 printed nothing: it was killed before it took a SIGTERM (seen in about 1 run of 3;
+    # Open MPI 4's launcher SIGKILLs 1 s after its SIGTERM, odls_base_sigkill_timeout, and ends
+    # the rest of a job once one process has ended; which of the two did it was not pinned down).
+    # A SIGKILL cannot be handled: the temp directory and the lock stay, with no target, and the
+    # next run must clean them and merge.
+    assert "multi" not in leftovers(tmp_path, "multi"), out
+    rerun = mpirun(mpi, tmp_path, 2, ["--target_dir", target])
+    assert rerun.returncode == 0, rerun.stdout + rerun.stderr
+    assert leftovers(tmp_path, "multi") == ["multi"], rerun.stderr
 
 
 def test_a_full_target_disk_fails_cleanly_on_every_node(mpi, shardmerge_gen_bin, tmp_path):

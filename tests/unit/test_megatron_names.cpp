@@ -184,5 +184,47 @@ TEST(MegatronNames, MalformedNamesAndConfigsAreErrors) {
   EXPECT_NE(error_of(empty, config).find("vocab_size -1, fewer than 1"), std::string::npos);
 }
 
+TEST(MegatronNames, MultiTokenPredictionLayersAsDeepseekV3CheckpointsStoreThem) {
+  // One MTP layer after 2 decoder layers: HF layer 2 (DeepSeek-V3's hub checkpoint stores its
+  // MTP module as model.layers.61 with enorm, hnorm, eh_proj, shared_head.norm, the layer's own
+  // attention and MLP, and copies of embed_tokens and shared_head.head).
+  const nlohmann::ordered_json config = {{"architectures", {"DeepseekV3ForCausalLM"}}, {"num_hidden_layers", 2},
+                                         {"hidden_size", 8}, {"num_attention_heads", 2}, {"vocab_size", 10}};
+  SourceSet set;
+  set.tensors = {stored("embedding.word_embeddings.weight", {12, 8}, 0),
+                 stored("output_layer.weight", {12, 8}, 1000),
+                 stored("mtp.layers.0.enorm.weight", {8}, 2000),
+                 stored("mtp.layers.0.hnorm.weight", {8}, 2100),
+                 stored("mtp.layers.0.eh_proj.weight", {8, 16}, 2200),
+                 stored("mtp.layers.0.final_layernorm.weight", {8}, 2600),
+                 stored("mtp.layers.0.transformer_layer.self_attention.linear_kv_up_proj.layer_norm_weight", {4}, 2700),
+                 stored("mtp.layers.0.transformer_layer.mlp.router.expert_bias", {4}, 2800),
+                 stored("mtp.layers.0.transformer_layer.mlp.experts.experts.linear_fc1.weight", {4, 6, 8}, 3000)};
+  const HfTensors m = map_megatron_to_hf(set, config, {});
+  const std::string p = "model.layers.2.";
+  EXPECT_EQ(find(m, p + "enorm.weight").pieces[0].offset, 2000u);
+  EXPECT_EQ(find(m, p + "hnorm.weight").pieces[0].offset, 2100u);
+  EXPECT_EQ(find(m, p + "eh_proj.weight").shape, (std::vector<int64_t>{8, 16}));
+  EXPECT_EQ(find(m, p + "shared_head.norm.weight").pieces[0].offset, 2600u);
+  EXPECT_EQ(find(m, p + "self_attn.kv_a_layernorm.weight").pieces[0].offset, 2700u);
+  EXPECT_EQ(find(m, p + "mlp.gate.e_score_correction_bias").pieces[0].offset, 2800u);
+  EXPECT_EQ(find(m, p + "mlp.experts.3.up_proj.weight").shape, (std::vector<int64_t>{3, 8}));
+  // The copies are the trimmed embedding and output layer: vocab 10 of the 12 padded rows.
+  const SourceTensor& embed = find(m, p + "embed_tokens.weight");
+  EXPECT_EQ(embed.shape, (std::vector<int64_t>{10, 8}));
+  EXPECT_EQ(embed.pieces[0].offset, 0u);
+  const SourceTensor& head = find(m, p + "shared_head.head.weight");
+  EXPECT_EQ(head.shape, (std::vector<int64_t>{10, 8}));
+  EXPECT_EQ(head.pieces[0].offset, 1000u);
+  // Mixtral's experts split into w1 (gate) and w3 (up), named by its table.
+  const nlohmann::ordered_json mixtral = {{"architectures", {"MixtralForCausalLM"}}, {"num_hidden_layers", 1},
+                                          {"hidden_size", 8}, {"num_attention_heads", 2}, {"vocab_size", 10}};
+  SourceSet experts;
+  experts.tensors = {stored("decoder.layers.0.mlp.experts.local_experts.1.linear_fc1.weight", {6, 8}, 0)};
+  const HfTensors x = map_megatron_to_hf(experts, mixtral, {});
+  EXPECT_EQ(find(x, "model.layers.0.block_sparse_moe.experts.1.w1.weight").pieces[0].offset, 0u);
+  EXPECT_EQ(find(x, "model.layers.0.block_sparse_moe.experts.1.w3.weight").pieces[0].offset, 3u * 8 * 2);
+}
+
 }  // namespace
 }  // namespace shardmerge

@@ -125,5 +125,49 @@ TEST(SavedNames, NaturalOrderIsTransformers) {
   EXPECT_FALSE(dot_natural_less("a.b", "a.b"));
 }
 
+TEST(SavedNames, KeepsTransformersFp32Tensors) {
+  SHARDMERGE_REQUIRE_FIXTURES();
+  const nlohmann::json j = saved_names_json();
+  if (j.is_null()) GTEST_SKIP() << "saved_names.json was not generated";
+  ASSERT_TRUE(j.contains("fp32")) << "saved_names.json predates the fp32 lists: regenerate the fixtures";
+  size_t classes = 0;
+  for (const auto& [cls, v] : j["fp32"].items()) {
+    SCOPED_TRACE(cls);
+    std::vector<std::string> theirs = v["patterns"].get<std::vector<std::string>>(), ours;
+    const auto patterns = fp32_module_patterns(cls);
+    for (std::string_view p : patterns) ours.emplace_back(p);
+    std::sort(theirs.begin(), theirs.end());
+    std::sort(ours.begin(), ours.end());
+    EXPECT_EQ(ours, theirs) << cls << " keeps other modules in float32 than the table says";
+    // The names transformers' own matcher selects, among all the class's saved names.
+    std::vector<std::string> selected;
+    const nlohmann::json& names = j["classes"].contains(cls) ? j["classes"][cls]["saved"] : nlohmann::json::array();
+    for (const auto& n : names)
+      if (kept_in_fp32(patterns, n[0].get<std::string>())) selected.push_back(n[0].get<std::string>());
+    std::vector<std::string> expected = v["tensors"].get<std::vector<std::string>>();
+    if (names.empty()) selected = expected;  // saved as at run time: only the selected names were recorded
+    for (const std::string& n : expected) EXPECT_TRUE(kept_in_fp32(patterns, n)) << n;
+    EXPECT_EQ(selected, expected);
+    ++classes;
+  }
+  for (const auto& [cls, v] : j["classes"].items()) {
+    const bool keeps_none = !j["fp32"].contains(cls);
+    EXPECT_TRUE(!keeps_none || fp32_module_patterns(cls).empty()) << cls << " keeps nothing in float32";
+  }
+  std::printf("transformers %s: %zu classes keep modules in float32, as the table says\n",
+              j["transformers"].get<std::string>().c_str(), classes);
+}
+
+TEST(SavedNames, Fp32PatternsMatchAsTransformersSearches) {
+  const std::vector<std::string_view> p = {"gate.weight", "e_score_correction_bias", "attn_hc.*scale"};
+  EXPECT_TRUE(kept_in_fp32(p, "model.layers.1.mlp.gate.weight"));
+  EXPECT_TRUE(kept_in_fp32(p, "model.layers.1.mlp.gate_weight"));  // '.' is any character
+  EXPECT_TRUE(kept_in_fp32(p, "model.layers.1.mlp.gate.e_score_correction_bias"));
+  EXPECT_TRUE(kept_in_fp32(p, "model.attn_hc.base.scale"));
+  EXPECT_FALSE(kept_in_fp32(p, "model.layers.1.mlp.experts.0.gate_proj.weight"));
+  EXPECT_FALSE(kept_in_fp32(p, "model.layers.1.mlp.gate.bias"));
+  EXPECT_FALSE(kept_in_fp32({}, "model.layers.1.mlp.gate.weight"));
+}
+
 }  // namespace
 }  // namespace shardmerge
