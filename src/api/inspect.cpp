@@ -18,6 +18,7 @@
 #include "plan/saved_names.hpp"
 #include "geometry/sharding.hpp"
 #include "shardmerge/error.hpp"
+#include "util/file.hpp"
 
 namespace fs = std::filesystem;
 using json = nlohmann::ordered_json;
@@ -145,6 +146,47 @@ void fsdp_report(const layouts::FsdpRole& role, bool with_tensors, json& j, std:
 
 // dist_ckpt contents from .metadata alone: model tensors with their global shapes and chunk
 // grids (distinct chunk offsets per dim), training state counted apart.
+// What transformer_config.json (Megatron's TransformerConfig, as verl saves it) says the model
+// holds: the attention kind, experts and where they are, multi-token-prediction layers.
+json model_holds(const layouts::MegatronRole& role, std::vector<std::string>& warnings) {
+  const std::string path = (fs::path(role.path) / "transformer_config.json").string();
+  json c;
+  try {
+    c = json::parse(read_small_file(path, 16u << 20));
+  } catch (const std::exception& e) {
+    warnings.push_back(path + " is not JSON: " + e.what());
+    return nullptr;
+  }
+  if (!c.is_object()) return nullptr;
+  auto integer = [&](const char* key) { return c.contains(key) && c[key].is_number_integer() ? c[key].get<int64_t>() : 0; };
+  auto flag = [&](const char* key) { return c.contains(key) && c[key].is_boolean() && c[key].get<bool>(); };
+  json h = json::object();
+  if (integer("num_layers")) h["layers"] = integer("num_layers");
+  if (flag("multi_latent_attention"))
+    h["attention"] = "multi-head latent (q_lora_rank " +
+                     (c.contains("q_lora_rank") && c["q_lora_rank"].is_number_integer() ? std::to_string(integer("q_lora_rank")) : "none") +
+                     ", kv_lora_rank " + std::to_string(integer("kv_lora_rank")) + ")";
+  else if (integer("num_attention_heads"))
+    h["attention"] = std::to_string(integer("num_attention_heads")) + " heads, " +
+                     std::to_string(integer("num_query_groups") ? integer("num_query_groups") : integer("num_attention_heads")) +
+                     " KV groups";
+  if (const int64_t experts = integer("num_moe_experts")) {
+    h["experts"] = experts;
+    // moe_layer_freq: a 0/1 list per layer, or N for every N-th layer (from layer 0)
+    if (c.contains("moe_layer_freq") && c["moe_layer_freq"].is_array()) {
+      int64_t moe = 0;
+      for (const auto& f : c["moe_layer_freq"]) moe += f.is_number_integer() && f.get<int64_t>() == 1;
+      h["moe_layers"] = moe;
+    } else if (const int64_t every = integer("moe_layer_freq"); every > 0) {
+      h["moe_layers"] = (integer("num_layers") + every - 1) / every;
+    }
+    h["shared_experts"] = integer("moe_shared_expert_intermediate_size") > 0;
+    h["expert_bias"] = flag("moe_router_enable_expert_bias");
+  }
+  if (const int64_t mtp = integer("mtp_num_layers")) h["mtp_layers"] = mtp;
+  return h;
+}
+
 void megatron_report(const layouts::MegatronRole& role, bool with_tensors, json& j, std::vector<std::string>& warnings) {
   if (role.dist_ckpt.empty()) return;
   try {
@@ -291,6 +333,8 @@ json inspect(const std::string& path, bool with_tensors) {
       j["model_format"] = role.model_format;
       if (!role.dist_ckpt.empty()) j["dist_ckpt"] = role.dist_ckpt;
       j["transformer_config"] = role.has_transformer_config;
+      if (role.has_transformer_config)
+        if (json holds = model_holds(role, warnings); !holds.is_null()) j["model"] = std::move(holds);
       if (!role.mp_rank_dirs.empty()) j["mp_rank_dirs"] = role.mp_rank_dirs;
       if (role.huggingface) j["huggingface"] = hf_json(*role.huggingface);
       megatron_report(role, with_tensors, j, warnings);

@@ -118,6 +118,23 @@ def test_dist_only_save_without_config_says_how_to_fix(manifest, fixtures, run, 
     assert not target.exists() and leftovers(target) == []
 
 
+@pytest.mark.parametrize("name,holds", [
+    # what fx_megatron's tiny configs build
+    ("deepseekv3_mtp_megatron_tp2", {"layers": 2, "attention": "multi-head latent (q_lora_rank 16, kv_lora_rank 16)",
+                                     "experts": 4, "moe_layers": 1, "shared_experts": True, "expert_bias": True,
+                                     "mtp_layers": 1}),
+    ("qwen3moe_megatron_ep2", {"layers": 2, "attention": "4 heads, 2 KV groups", "experts": 4, "moe_layers": 2,
+                               "shared_experts": False, "expert_bias": False}),
+    ("llama_megatron_tp2", {"layers": 2, "attention": "4 heads, 2 KV groups"}),
+])
+def test_inspect_says_what_the_model_holds(name, holds, manifest, fixtures, run):
+    fx = next((f for f in manifest["fixtures"] if f["name"] == name and f.get("status") == "ok"), None)
+    if fx is None:
+        pytest.skip(f"{name} not in the manifest")
+    report = json.loads(run("inspect", fixtures / fx["role_dir"], "--json").stdout)
+    assert report["model"] == holds
+
+
 def test_inspect_lists_dist_ckpt_tensors(manifest, fixtures, run):
     fx = next((f for f in manifest["fixtures"] if f["name"] == "qwen2_megatron_tp2_pp2"), None)
     if fx is None:
