@@ -26,8 +26,12 @@ const NamedShape* find_2d(const std::vector<NamedShape>& tensors, const std::str
 
 }  // namespace
 
-void check_config_matches_weights(const nlohmann::ordered_json& config, const std::string& config_path,
+void check_config_matches_weights(const nlohmann::ordered_json& full_config, const std::string& config_path,
                                   const std::vector<NamedShape>& tensors, const std::string& weights) {
+  // A multimodal config (Qwen2.5-VL, Qwen3.5 in transformers 5) states the decoder's sizes in a
+  // nested text_config.
+  const nlohmann::ordered_json& config =
+      full_config.contains("text_config") && full_config["text_config"].is_object() ? full_config["text_config"] : full_config;
   auto require = [&](const char* field, std::optional<int64_t> stated, int64_t implied, const std::string& evidence) {
     if (stated && *stated != implied)
       throw Error(std::string(field) + "=" + std::to_string(*stated) + " disagrees with the weights in " + weights + ": " +
@@ -60,9 +64,12 @@ void check_config_matches_weights(const nlohmann::ordered_json& config, const st
       last_layer_tensor = t.first;
     }
   }
+  // Multi-token-prediction layers follow the decoder's (DeepSeek-V3's model.layers.61).
+  const int64_t mtp = config_int(config, "num_nextn_predict_layers").value_or(config_int(config, "num_mtp_layers").value_or(0));
   if (layers > 0)
-    require("num_hidden_layers", config_int(config, "num_hidden_layers"), layers,
-            "'" + last_layer_tensor + "' (the highest layer index)");
+    require("num_hidden_layers", config_int(config, "num_hidden_layers"), layers - mtp,
+            "'" + last_layer_tensor + "' (the highest layer index" +
+                (mtp ? ", less " + std::to_string(mtp) + " multi-token-prediction layer(s))" : ")"));
 
   const auto heads = config_int(config, "num_attention_heads");
   const auto hidden = config_int(config, "hidden_size");
@@ -82,6 +89,16 @@ void check_config_matches_weights(const nlohmann::ordered_json& config, const st
           .file(config_path);
     require(field, stated, rows / *head_dim, tensor_text(*proj) + " with head_dim " + std::to_string(*head_dim));
   };
+  // Multi-head latent attention (DeepSeek-V2/V3): a query head is qk_nope + qk_rope rows, and
+  // keys and values come from one low-rank projection (no k_proj to count KV heads by).
+  const auto nope = config_int(config, "qk_nope_head_dim"), rope = config_int(config, "qk_rope_head_dim");
+  if (nope && rope) {
+    head_dim = *nope + *rope;
+    if (*head_dim <= 0) return;
+    check_heads("num_attention_heads", "self_attn.q_proj.weight");
+    check_heads("num_attention_heads", "self_attn.q_b_proj.weight");
+    return;
+  }
   check_heads("num_attention_heads", "self_attn.q_proj.weight");
   check_heads("num_key_value_heads", "self_attn.k_proj.weight");
 }

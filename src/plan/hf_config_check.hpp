@@ -1,7 +1,9 @@
 // --hf_model_path: a config.json taken from elsewhere must describe the weights being merged.
 // A config from another model size loads into a model of the wrong shape (or, for Megatron,
 // splits QKV with the wrong head counts), so the sizes it states are checked against the
-// weights' own shapes: vocab and hidden size (embedding), layer count, attention and KV heads.
+// weights' own shapes: vocab and hidden size (embedding), layer count (less multi-token-
+// prediction layers), attention and KV heads (query heads of latent attention); a multimodal
+// config's nested text_config states the decoder's.
 #pragma once
 
 #include <cstdint>

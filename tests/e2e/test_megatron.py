@@ -104,6 +104,15 @@ def test_loads_in_transformers_without_missing_keys(name, manifest, fixtures, me
             assert torch.equal(logits, oracle(ids).logits), f"{name}: logits differ from expected/'s model"
 
 
+def test_mtp_layers_pass_the_given_configs_check(manifest, fixtures, merged_megatron):
+    """--hf_model_path's config states num_hidden_layers without the MTP layer that follows them."""
+    fx = next((f for f in manifest["fixtures"] if f["name"] == "deepseekv3_mtp_megatron_tp2" and f.get("status") == "ok"), None)
+    if fx is None:
+        pytest.skip("deepseekv3_mtp_megatron_tp2 not in the manifest")
+    out = merged_megatron(fx, "--hf_model_path", fixtures / fx["hf_config_dir_fallback"], *BASE)
+    assert_tensors_bitwise(load_hf(out), expected_weights(fixtures, fx), fx["name"])
+
+
 def test_dist_only_save_without_config_says_how_to_fix(manifest, fixtures, run, tmp_path):
     fx = next((f for f in manifest["fixtures"] if f["kind"] == "megatron" and f.get("status") == "ok"
                and not f.get("hf_config_dir")), None)

@@ -301,6 +301,32 @@ TEST_F(ConfigCheck, EachDisagreeingFieldIsNamedWithBothValues) {
   expect_refused("num_attention_heads", 8, "4", "model.layers.0.self_attn.q_proj.weight");
 }
 
+TEST_F(ConfigCheck, ANestedTextConfigIsTheDecoders) {
+  config = {{"model_type", "qwen2_5_vl"}, {"text_config", config}, {"vision_config", {{"hidden_size", 16}}}};
+  EXPECT_NO_THROW(check());
+  config["text_config"]["num_hidden_layers"] = 3;
+  EXPECT_THROW(check(), Error);
+}
+
+TEST_F(ConfigCheck, MultiTokenPredictionLayersFollowTheDecoders) {
+  weights.push_back({"model.layers.2.eh_proj.weight", {32, 64}});  // one MTP layer: HF layer 2
+  EXPECT_THROW(check(), Error);
+  config["num_nextn_predict_layers"] = 1;
+  EXPECT_NO_THROW(check());
+  config["num_hidden_layers"] = 3;
+  EXPECT_THROW(check(), Error);
+}
+
+TEST_F(ConfigCheck, LatentAttentionHeadsAreNopePlusRopeRows) {
+  // DeepSeek-V2-Lite: no q_lora_rank, so q_proj is [heads x (nope + rope), hidden]; no k_proj.
+  weights = {{"model.embed_tokens.weight", {251, 32}}, {"model.layers.0.self_attn.q_proj.weight", {4 * 24, 32}},
+             {"model.layers.0.self_attn.kv_a_proj_with_mqa.weight", {16 + 8, 32}}};
+  config = {{"vocab_size", 251}, {"hidden_size", 32}, {"num_hidden_layers", 1}, {"num_attention_heads", 4},
+            {"num_key_value_heads", 4}, {"head_dim", 8}, {"qk_nope_head_dim", 16}, {"qk_rope_head_dim", 8}};
+  EXPECT_NO_THROW(check());
+  expect_refused("num_attention_heads", 3, "4", "model.layers.0.self_attn.q_proj.weight");
+}
+
 TEST_F(ConfigCheck, OnlyTheDecodersLayersCount) {
   weights.push_back({"model.vision_tower.encoder.layers.11.mlp.fc1.weight", {64, 32}});  // a multimodal model's tower
   EXPECT_NO_THROW(check());
