@@ -195,12 +195,14 @@ void megatron_report(const layouts::MegatronRole& role, bool with_tensors, json&
     json list = json::array();
     size_t model = 0, state = 0;
     uint64_t bytes = 0;
+    bool vision = false;
     for (const DcpTensor& t : meta.tensors) {
       if (layouts::is_training_state(t.fqn)) {
         ++state;
         continue;
       }
       ++model;
+      vision = vision || t.fqn.starts_with("vision_model.");
       uint64_t n = dtype_size(t.dtype);
       for (int64_t d : t.size) n *= static_cast<uint64_t>(d);
       bytes += n;
@@ -215,6 +217,7 @@ void megatron_report(const layouts::MegatronRole& role, bool with_tensors, json&
       list.push_back({{"name", t.fqn}, {"dtype", dtype_name(t.dtype)}, {"shape", t.size}, {"bytes", n},
                       {"placement", std::to_string(t.chunks.size()) + " chunk(s), grid " + grid}});
     }
+    if (vision && j.contains("model")) j["model"]["vision_tower"] = true;  // mbridge's vision_model.*
     j["dist_ckpt_tensors"] = model;
     j["source_tensor_bytes"] = bytes;
     if (state) j["dist_ckpt_training_state_tensors"] = state;

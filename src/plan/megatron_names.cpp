@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <array>
+#include <deque>
+#include <limits>
 #include <map>
 #include <optional>
 #include <set>
@@ -19,6 +21,7 @@ enum class Split {
   None,
   Qkv,     // [groups x (q_per_kv + 2) x head_dim, ...] -> q, k, v; "{}" in the HF name is q/k/v
   GateUp,  // [gate; up] halves -> gate_proj, up_proj; "{}" is gate/up
+  QkvHeads,  // [heads x (q, k, v) x head_dim] (a vision tower, no GQA) -> one tensor [q; k; v]
 };
 
 struct Rule {
@@ -97,10 +100,54 @@ constexpr Rule kMtp[] = {
     {"mtp.final_layernorm.weight", "shared_head.norm.weight"},
 };
 
+// Qwen2.5-VL's vision tower (mbridge's vision_model): pre-norm blocks with one fused qkv (which
+// Megatron groups per head) and a gated MLP with biases; then the merger's norm and MLP.
+constexpr Rule kQwenVisionBlock[] = {
+    {"self_attention.linear_qkv.layer_norm_weight", "norm1.weight"},
+    {"input_layernorm.weight", "norm1.weight"},
+    {"self_attention.linear_qkv.weight", "attn.qkv.weight", Split::QkvHeads},
+    {"self_attention.linear_qkv.bias", "attn.qkv.bias", Split::QkvHeads},
+    {"self_attention.linear_proj.weight", "attn.proj.weight"},
+    {"self_attention.linear_proj.bias", "attn.proj.bias"},
+    {"mlp.linear_fc1.layer_norm_weight", "norm2.weight"},
+    {"pre_mlp_layernorm.weight", "norm2.weight"},
+    {"mlp.linear_fc1.weight", "mlp.{}_proj.weight", Split::GateUp},
+    {"mlp.linear_fc1.bias", "mlp.{}_proj.bias", Split::GateUp},
+    {"mlp.linear_fc2.weight", "mlp.down_proj.weight"},
+    {"mlp.linear_fc2.bias", "mlp.down_proj.bias"},
+};
+
+struct Rename {
+  const char* megatron;  // after the tower's prefix
+  const char* hf;
+};
+constexpr Rename kQwenVisionGlobals[] = {
+    {"patch_embed.proj.weight", "visual.patch_embed.proj.weight"},
+    {"decoder.final_layernorm.weight", "visual.merger.ln_q.weight"},
+    {"projection.encoder.linear_fc1.weight", "visual.merger.mlp.0.weight"},
+    {"projection.encoder.linear_fc1.bias", "visual.merger.mlp.0.bias"},
+    {"projection.encoder.linear_fc2.weight", "visual.merger.mlp.2.weight"},
+    {"projection.encoder.linear_fc2.bias", "visual.merger.mlp.2.bias"},
+};
+
+// A vision tower beside the language model: its blocks' per-layer rules, its other tensors.
+struct Tower {
+  const char* megatron;   // key prefix, e.g. "vision_model."
+  const char* hf_blocks;  // HF prefix of block <l>, e.g. "visual.blocks."
+  std::vector<Rule> rules;
+  std::vector<Rename> globals;
+};
+
 struct Family {
   const char* architecture;
   std::vector<Rule> rules;
+  const char* language_prefix = "";  // a multimodal model's language model keys, e.g. "language_model."
+  const Tower* vision = nullptr;
 };
+
+const Tower kQwen25VisionTower{"vision_model.", "visual.blocks.",
+                               {std::begin(kQwenVisionBlock), std::end(kQwenVisionBlock)},
+                               {std::begin(kQwenVisionGlobals), std::end(kQwenVisionGlobals)}};
 
 template <size_t... N>
 std::vector<Rule> rows(const Rule (&... tables)[N]) {
@@ -122,6 +169,8 @@ const std::vector<Family>& families() {
        rows(kLatentAttention, kDenseMlp, kRoutedExperts, kExpertBias, kDeepseekSharedExperts, kNorms, kMtp)},
       {"Glm4MoeForCausalLM",
        rows(kAttention, kQkNorm, kDenseMlp, kRoutedExperts, kExpertBias, kDeepseekSharedExperts, kNorms, kMtp)},
+      {"Qwen2_5_VLForConditionalGeneration", rows(kAttention, kDenseMlp, kNorms), "language_model.",
+       &kQwen25VisionTower},
   };
   return f;
 }
@@ -131,6 +180,7 @@ std::vector<const char*> part_names(const Rule& r) {
   switch (r.split) {
     case Split::GateUp: return {"gate", "up"};
     case Split::Qkv: return {"q", "k", "v"};
+    case Split::QkvHeads:
     case Split::None: break;
   }
   return {nullptr};
@@ -151,7 +201,13 @@ struct LayerTensor {
   int64_t expert = -1;  // routed expert id, or -1
   std::string rest;     // name after "decoder.layers.<l>." ("*" in place of an expert id), or the full name
   SourceTensor tensor;
+  bool vision = false;  // a block of the vision tower
 };
+
+// A multimodal config (transformers 5) states the language model's sizes in text_config.
+const nlohmann::ordered_json& text_config(const nlohmann::ordered_json& config) {
+  return config.contains("text_config") && config["text_config"].is_object() ? config["text_config"] : config;
+}
 
 class Mapper {
  public:
@@ -167,28 +223,56 @@ class Mapper {
       for (const auto& a : megatron_supported_architectures()) known += (known.empty() ? "" : ", ") + a;
       throw Error("no Megatron -> HF mapping for architecture '" + arch + "' (supported: " + known + ")");
     }
-    layers_ = config_int(config, "num_hidden_layers");
+    const nlohmann::ordered_json& text = text_config(config);
+    layers_ = config_int(text, "num_hidden_layers");
     // Head counts and sizes are bounded far above any real model, so that the QKV row
     // arithmetic ((heads + 2 x KV heads) x head_dim) cannot overflow.
     constexpr int64_t kMaxHeadsOrDim = int64_t{1} << 20;
-    heads_ = config_int(config, "num_attention_heads");
+    heads_ = config_int(text, "num_attention_heads");
     if (heads_ < 1 || heads_ > kMaxHeadsOrDim)
       throw Error("config.json has num_attention_heads " + std::to_string(heads_) + ", not a head count");
-    kv_heads_ = config_int(config, "num_key_value_heads", heads_);
+    kv_heads_ = config_int(text, "num_key_value_heads", heads_);
     if (kv_heads_ < 1 || heads_ % kv_heads_ != 0)
       throw Error("config.json's num_key_value_heads " + std::to_string(kv_heads_) + " does not divide num_attention_heads " +
                   std::to_string(heads_));
-    head_dim_ = config_int(config, "head_dim", config_int(config, "hidden_size") / heads_);
+    head_dim_ = config_int(text, "head_dim", config_int(text, "hidden_size") / heads_);
     if (head_dim_ < 1 || head_dim_ > kMaxHeadsOrDim)
       throw Error("config.json gives a head dimension of " + std::to_string(head_dim_) + ", not a size");
-    vocab_ = config_int(config, "vocab_size");
+    vocab_ = config_int(text, "vocab_size");
     if (vocab_ < 1) throw Error("config.json has vocab_size " + std::to_string(vocab_) + ", fewer than 1");
-    tied_ = options.tie_word_embedding || json_field<bool>(config, "tie_word_embeddings", "config.json").value_or(false);
+    tied_ = options.tie_word_embedding || json_field<bool>(config, "tie_word_embeddings", "config.json").value_or(false) ||
+            (&text != &config && json_field<bool>(text, "tie_word_embeddings", "config.json").value_or(false));
+    if (family_->vision) {
+      if (!config.contains("vision_config") || !config["vision_config"].is_object())
+        throw Error("config.json of a " + arch + " has no vision_config, needed to convert its vision tower");
+      const nlohmann::ordered_json& vision = config["vision_config"];
+      vision_layers_ = config_int(vision, "depth");
+      vision_heads_ = config_int(vision, "num_heads");
+      if (vision_heads_ < 1 || vision_heads_ > kMaxHeadsOrDim)
+        throw Error("config.json's vision_config has num_heads " + std::to_string(vision_heads_) + ", not a head count");
+      vision_head_dim_ = config_int(vision, "hidden_size") / vision_heads_;
+      if (vision_head_dim_ < 1 || vision_head_dim_ > kMaxHeadsOrDim)
+        throw Error("config.json's vision_config gives a head dimension of " + std::to_string(vision_head_dim_));
+    }
   }
 
   HfTensors run(const SourceSet& megatron) {
-    for (const SourceTensor& t : megatron.tensors) unstack(t);
-    std::vector<std::string> unknown;
+    const std::string language = family_->language_prefix;
+    for (const SourceTensor& t : megatron.tensors) {
+      if (t.name.find("_extra_state") != std::string::npos) continue;
+      if (family_->vision && t.name.starts_with(family_->vision->megatron)) {
+        unstack_vision(t);
+      } else if (language.empty()) {
+        unstack(t);
+      } else if (t.name.starts_with(language)) {
+        renamed_.push_back(t);  // the language model's tensors, named as a text model's
+        renamed_.back().name = t.name.substr(language.size());
+        unstack(renamed_.back());
+      } else {
+        unknown_.push_back(t.name);
+      }
+    }
+    std::vector<std::string>& unknown = unknown_;
     for (LayerTensor& lt : layer_tensors_) map(lt, unknown);
     add_mtp_copies();
     if (!unknown.empty()) {
@@ -196,7 +280,7 @@ class Mapper {
       for (size_t i = 0; i < unknown.size() && i < 12; ++i) list += (i ? ", " : "") + unknown[i];
       if (unknown.size() > 12) list += ", ... (" + std::to_string(unknown.size()) + " in all)";
       throw Error("Megatron keys with no " + std::string(family_->architecture) + " mapping: " + list +
-                  " (multi-token prediction, vision towers and other extras are not supported)");
+                  " (extras this architecture's table does not know are not supported)");
     }
     std::stable_sort(out_.tensors.begin(), out_.tensors.end(), [&](const SourceTensor& a, const SourceTensor& b) {
       return sort_key_.at(a.name) < sort_key_.at(b.name);
@@ -308,7 +392,7 @@ class Mapper {
   }
 
   void push(int64_t layer, int64_t expert, const std::string& rest, const SourceTensor& t, std::vector<int64_t> start,
-            std::vector<int64_t> extent, size_t drop) {
+            std::vector<int64_t> extent, size_t drop, bool vision = false) {
     std::vector<int64_t> shape(extent.begin() + static_cast<std::ptrdiff_t>(drop), extent.end());
     std::string name = "decoder.layers." + std::to_string(layer) + "." + rest;
     if (expert >= 0) name.replace(name.find('*'), 1, std::to_string(expert));
@@ -316,7 +400,38 @@ class Mapper {
                                  : assemble(name, t.dtype, shape,
                                             {Region{&t, std::move(start), std::move(extent), std::vector<int64_t>(shape.size(), 0), drop}},
                                             t.origin);
-    layer_tensors_.push_back({layer, expert, rest, std::move(per)});
+    layer_tensors_.push_back({layer, expert, rest, std::move(per), vision});
+  }
+
+  // `<tower>decoder.layers.<l>.<rest>` or layer-stacked `<tower>decoder.layers.<rest>`, and the
+  // tower's other tensors.
+  void unstack_vision(const SourceTensor& t) {
+    const Tower& tower = *family_->vision;
+    const std::string rest = t.name.substr(std::string(tower.megatron).size()), blocks = "decoder.layers.";
+    if (!rest.starts_with(blocks)) {
+      for (size_t i = 0; i < tower.globals.size(); ++i) {
+        if (rest != tower.globals[i].megatron) continue;
+        SourceTensor out = t;
+        out.name = tower.globals[i].hf;
+        // patch embedding first, then the blocks, then the merger
+        return emit(std::move(out), {5, i == 0 ? -1 : std::numeric_limits<int64_t>::max(), 0, i, 0});
+      }
+      return unknown_.push_back(t.name);
+    }
+    const std::string tail = rest.substr(blocks.size());
+    const size_t dot = tail.find('.');
+    if (auto layer = dot == std::string::npos ? std::nullopt : parse_decimal(tail.substr(0, dot)))
+      return push(*layer, -1, tail.substr(dot + 1), t, std::vector<int64_t>(t.shape.size(), 0), t.shape, 0, true);
+    if (t.shape.empty() || t.shape[0] != vision_layers_)
+      throw Error("layer-stacked vision tensor has shape " + shape_string(t.shape) + " but config.json's vision_config says " +
+                  std::to_string(vision_layers_) + " blocks")
+          .tensor(t.name);
+    for (int64_t l = 0; l < vision_layers_; ++l) {
+      std::vector<int64_t> start(t.shape.size(), 0), extent = t.shape;
+      start[0] = l;
+      extent[0] = 1;
+      push(l, -1, tail, t, std::move(start), std::move(extent), 1, true);
+    }
   }
 
   void emit(SourceTensor t, Key key) {
@@ -326,11 +441,22 @@ class Mapper {
 
   void map(LayerTensor& lt, std::vector<std::string>& unknown) {
     const SourceTensor& t = lt.tensor;
+    if (lt.vision) return map_vision(lt, unknown);
     if (lt.layer < 0) return map_global(t, unknown);
     for (const char* adapter : {kAdapterIn, kAdapterOut})
       if (lt.rest.ends_with(adapter)) return map_adapter(lt, adapter == kAdapterIn, unknown);
-    if (const auto i = rule_for(lt.rest)) return map_rows(t, *i, hf_name(lt, *i), Key{1, lt.layer, lt.expert, *i, 0});
+    if (const auto i = rule_for(lt.rest))
+      return map_rows(t, family_->rules[*i], hf_name(lt, *i), Key{1, lt.layer, lt.expert, *i, 0});
     unknown.push_back(t.name);
+  }
+
+  void map_vision(const LayerTensor& lt, std::vector<std::string>& unknown) {
+    const Tower& tower = *family_->vision;
+    for (size_t i = 0; i < tower.rules.size(); ++i)
+      if (lt.rest == tower.rules[i].megatron)
+        return map_rows(lt.tensor, tower.rules[i], tower.hf_blocks + std::to_string(lt.layer) + "." + tower.rules[i].hf,
+                        Key{5, lt.layer, -1, i, 0});
+    unknown.push_back(lt.tensor.name);
   }
 
   std::optional<size_t> rule_for(const std::string& rest) const {
@@ -346,15 +472,16 @@ class Mapper {
   }
 
   // A tensor whose rows follow the rule's weight (the weight itself, its bias, a LoRA B).
-  void map_rows(const SourceTensor& t, size_t rule, const std::string& hf, Key key) {
-    switch (family_->rules[rule].split) {
+  void map_rows(const SourceTensor& t, const Rule& rule, const std::string& hf, Key key) {
+    switch (rule.split) {
       case Split::None: {
         SourceTensor out = t;
         out.name = hf;
         return emit(std::move(out), key);
       }
-      case Split::GateUp: return split_gate_up(t, hf, part_names(family_->rules[rule]), key);
-      case Split::Qkv: return split_qkv(t, hf, part_names(family_->rules[rule]), key);
+      case Split::GateUp: return split_gate_up(t, hf, part_names(rule), key);
+      case Split::Qkv: return split_qkv(t, hf, part_names(rule), key);
+      case Split::QkvHeads: return regroup_qkv_heads(t, hf, key);
     }
   }
 
@@ -369,7 +496,7 @@ class Mapper {
     std::string hf = hf_name(lt, *rule);
     hf = hf.substr(0, hf.size() - std::string(".weight").size()) + (is_a ? ".lora_A.weight" : ".lora_B.weight");
     const Key key{4, lt.layer, lt.expert, *rule, 0};
-    if (!is_a) return map_rows(lt.tensor, *rule, hf, key);
+    if (!is_a) return map_rows(lt.tensor, family_->rules[*rule], hf, key);
     for (const char* p : part_names(family_->rules[*rule])) {
       SourceTensor a = lt.tensor;
       a.name = p ? part(hf, p) : hf;
@@ -450,6 +577,20 @@ class Mapper {
     emit(assemble(part(hf, parts.at(1)), t.dtype, with_rows(t, half), {rows_of(t, half, half, 0)}, t.origin), key);
   }
 
+  // A vision tower's fused qkv: Megatron's rows are [q_h, k_h, v_h] head by head (one query
+  // group per head), HF's one tensor holds every head's q rows, then k, then v.
+  void regroup_qkv_heads(const SourceTensor& t, const std::string& hf, Key key) {
+    const int64_t h = vision_heads_, d = vision_head_dim_;
+    if (t.shape.empty() || t.shape[0] != 3 * h * d)
+      throw Error("fused vision qkv has " + (t.shape.empty() ? std::string("no") : std::to_string(t.shape[0])) + " rows; " +
+                  std::to_string(h) + " heads of 3 x " + std::to_string(d) + " rows were expected from vision_config")
+          .tensor(t.name);
+    std::vector<Region> regions;
+    for (int64_t part = 0; part < 3; ++part)
+      for (int64_t head = 0; head < h; ++head) regions.push_back(rows_of(t, (3 * head + part) * d, d, (part * h + head) * d));
+    emit(assemble(hf, t.dtype, t.shape, regions, t.origin), key);
+  }
+
   // Megatron keeps QKV grouped per KV head: [q_1..q_{h/g}, k, v] x groups, head_dim rows each.
   void split_qkv(const SourceTensor& t, const std::string& hf, const std::vector<const char*>& parts, Key key) {
     const int64_t q_per_kv = heads_ / kv_heads_;
@@ -480,6 +621,9 @@ class Mapper {
   bool tied_ = false;
   std::vector<LayerTensor> layer_tensors_;
   std::set<int64_t> mtp_layers_;
+  int64_t vision_layers_ = 0, vision_heads_ = 0, vision_head_dim_ = 0;
+  std::deque<SourceTensor> renamed_;  // language-model tensors under their text-model names (regions point here)
+  std::vector<std::string> unknown_;
   std::optional<SourceTensor> embedding_, output_;  // as written (vocab rows trimmed), for MTP layers' copies
   HfTensors out_;
   std::map<std::string, Key> sort_key_;
@@ -493,20 +637,46 @@ std::vector<std::string> megatron_supported_architectures() {
   return out;
 }
 
+namespace {
+
+MegatronNameRule exported(const Rule& r) {
+  std::vector<std::string> parts;
+  for (const char* p : part_names(r))
+    if (p) parts.emplace_back(p);
+  const auto split = r.split == Split::Qkv        ? MegatronNameRule::Split::Qkv
+                     : r.split == Split::GateUp   ? MegatronNameRule::Split::GateUp
+                     : r.split == Split::QkvHeads ? MegatronNameRule::Split::QkvHeads
+                                                  : MegatronNameRule::Split::None;
+  return {split, r.megatron, r.hf, std::move(parts)};
+}
+
+const Family* family_of(const std::string& architecture) {
+  for (const auto& f : families())
+    if (architecture == f.architecture) return &f;
+  return nullptr;
+}
+
+}  // namespace
+
 std::vector<MegatronNameRule> megatron_name_rules(const std::string& architecture) {
   std::vector<MegatronNameRule> out;
-  for (const auto& f : families())
-    if (architecture == f.architecture)
-      for (const Rule& r : f.rules) {
-        std::vector<std::string> parts;
-        for (const char* p : part_names(r))
-          if (p) parts.emplace_back(p);
-        out.push_back({r.split == Split::Qkv      ? MegatronNameRule::Split::Qkv
-                       : r.split == Split::GateUp ? MegatronNameRule::Split::GateUp
-                                                  : MegatronNameRule::Split::None,
-                       r.megatron, r.hf, std::move(parts)});
-      }
+  if (const Family* f = family_of(architecture))
+    for (const Rule& r : f->rules) out.push_back(exported(r));
   return out;
+}
+
+std::string megatron_language_prefix(const std::string& architecture) {
+  const Family* f = family_of(architecture);
+  return f ? f->language_prefix : "";
+}
+
+std::optional<MegatronVisionTower> megatron_vision_tower(const std::string& architecture) {
+  const Family* f = family_of(architecture);
+  if (!f || !f->vision) return std::nullopt;
+  MegatronVisionTower t{f->vision->megatron, f->vision->hf_blocks, {}, {}};
+  for (const Rule& r : f->vision->rules) t.rules.push_back(exported(r));
+  for (const Rename& g : f->vision->globals) t.globals.emplace_back(g.megatron, g.hf);
+  return t;
 }
 
 HfTensors map_megatron_to_hf(const SourceSet& megatron, const nlohmann::ordered_json& config,

@@ -40,27 +40,41 @@ class MegatronMapper {
                                  : "";
     rules_ = megatron_name_rules(arch);
     if (rules_.empty()) throw Error("verify: no Megatron name table for architecture '" + arch + "'");
-    heads_ = config_int(config, "num_attention_heads");
-    kv_heads_ = config_int(config, "num_key_value_heads", heads_);
-    head_dim_ = config_int(config, "head_dim", config_int(config, "hidden_size") / heads_);
-    vocab_ = config_int(config, "vocab_size");
-    layers_ = config_int(config, "num_hidden_layers");
+    // a multimodal config states the language model's sizes in text_config
+    const auto& text = config.contains("text_config") && config["text_config"].is_object() ? config["text_config"] : config;
+    heads_ = config_int(text, "num_attention_heads");
+    kv_heads_ = config_int(text, "num_key_value_heads", heads_);
+    head_dim_ = config_int(text, "head_dim", config_int(text, "hidden_size") / heads_);
+    vocab_ = config_int(text, "vocab_size");
+    layers_ = config_int(text, "num_hidden_layers");
+    language_ = megatron_language_prefix(arch);
+    vision_ = megatron_vision_tower(arch);
+    if (vision_ && config.contains("vision_config") && config["vision_config"].is_object()) {
+      vision_heads_ = config_int(config["vision_config"], "num_heads");
+      vision_head_dim_ = config_int(config["vision_config"], "hidden_size") / vision_heads_;
+    }
   }
 
   void run() {
     std::set<int64_t> mtp_layers;
     for (const ReferenceTensor& t : model_.sources.tensors) {
       if (t.name.find("_extra_state") != std::string::npos) continue;
-      if (const auto layer = mtp_key(t)) {
+      if (vision_ && t.name.starts_with(vision_->megatron)) {
+        vision_key(t);
+        continue;
+      }
+      if (!t.name.starts_with(language_)) continue;  // no HF tensor comes from it
+      const std::string name = t.name.substr(language_.size());
+      if (const auto layer = mtp_key(t, name)) {
         mtp_layers.insert(*layer);
         continue;
       }
       const std::string prefix = "decoder.layers.";
-      if (t.name.rfind(prefix, 0) != 0) {
-        global(t);
+      if (name.rfind(prefix, 0) != 0) {
+        global(t, name);
         continue;
       }
-      const std::string rest = t.name.substr(prefix.size());
+      const std::string rest = name.substr(prefix.size());
       const std::string first = rest.substr(0, rest.find('.'));
       if (const auto layer = parse_decimal(first)) {
         layer_key(t, {}, *layer, rest.substr(first.size() + 1));
@@ -82,10 +96,32 @@ class MegatronMapper {
 
  private:
   // `mtp.layers.<i>.<rest>`, HF layer num_hidden_layers + i; that layer, or nothing for other keys.
-  std::optional<int64_t> mtp_key(const ReferenceTensor& t) {
+  // A vision tower's block tensor (per layer or layer-stacked) or one of its other tensors.
+  void vision_key(const ReferenceTensor& t) {
+    const std::string rest = t.name.substr(vision_->megatron.size()), blocks = "decoder.layers.";
+    for (const auto& [megatron, hf] : vision_->globals)
+      if (rest == megatron) model_.weights[hf] = whole(t);
+    if (!rest.starts_with(blocks)) return;
+    const std::string tail = rest.substr(blocks.size());
+    const std::string first = tail.substr(0, tail.find('.'));
+    auto block = [&](std::vector<int64_t> lead, int64_t l, const std::string& name) {
+      for (const auto& r : vision_->rules) {
+        if (r.megatron != name) continue;
+        SourceMap m{&t, lead, {},
+                    std::vector<int64_t>(t.shape.begin() + static_cast<std::ptrdiff_t>(lead.size()), t.shape.end())};
+        for (auto& [part, map] : split(r, m))
+          model_.weights[replace_once(vision_->hf_blocks + std::to_string(l) + "." + r.hf, "{}", part)] = map;
+      }
+    };
+    if (const auto l = parse_decimal(first); l && first.size() < tail.size())
+      return block({}, *l, tail.substr(first.size() + 1));
+    for (int64_t l = 0; l < (t.shape.empty() ? 0 : t.shape[0]); ++l) block({l}, l, tail);
+  }
+
+  std::optional<int64_t> mtp_key(const ReferenceTensor& t, const std::string& name) {
     const std::string prefix = "mtp.layers.", block = "transformer_layer.";
-    if (t.name.rfind(prefix, 0) != 0) return std::nullopt;
-    const std::string rest = t.name.substr(prefix.size());
+    if (name.rfind(prefix, 0) != 0) return std::nullopt;
+    const std::string rest = name.substr(prefix.size());
     const std::string first = rest.substr(0, rest.find('.'));
     const auto index = parse_decimal(first);
     if (!index || first.size() == rest.size()) return std::nullopt;
@@ -98,18 +134,18 @@ class MegatronMapper {
     return layer;
   }
 
-  void global(const ReferenceTensor& t) {
+  void global(const ReferenceTensor& t, const std::string& name) {
     auto trimmed = [&](const std::string& hf) {
       SourceMap m = whole(t);
       if (m.shape.size() == 2 && m.shape[0] > vocab_) m.shape[0] = vocab_;  // padded vocab rows are dropped
       model_.weights[hf] = m;
     };
-    if (t.name == "embedding.word_embeddings.weight")
+    if (name == "embedding.word_embeddings.weight")
       trimmed("model.embed_tokens.weight");
-    else if (t.name == "decoder.final_layernorm.weight")
+    else if (name == "decoder.final_layernorm.weight")
       model_.weights["model.norm.weight"] = whole(t);
     // The output layer is lm_head, or a value model's [1, H] head, whichever the plan writes.
-    else if (t.name == "output_layer.weight") {
+    else if (name == "output_layer.weight") {
       trimmed("lm_head.weight");
       model_.weights["score.weight"] = whole(t);
     }
@@ -171,6 +207,11 @@ class MegatronMapper {
     };
     if (rule.split == MegatronNameRule::Split::None) return {{"", m}};
     const auto& part = rule.parts;
+    if (rule.split == MegatronNameRule::Split::QkvHeads) {
+      // HF row (part p, head i, row j) is Megatron row (3i + p) d + j.
+      const int64_t h = vision_heads_, d = vision_head_dim_;
+      return {{"", rows(3 * h * d, [=](int64_t r) { return (3 * (r % (h * d) / d) + r / (h * d)) * d + r % d; })}};
+    }
     if (rule.split == MegatronNameRule::Split::GateUp) {
       const int64_t half = m.shape.at(0) / 2;
       return {{part.at(0), rows(half, [](int64_t r) { return r; })},
@@ -186,6 +227,9 @@ class MegatronMapper {
   ReferenceModel& model_;
   std::vector<MegatronNameRule> rules_;
   int64_t heads_ = 0, kv_heads_ = 0, head_dim_ = 0, vocab_ = 0, layers_ = 0;
+  std::string language_;
+  std::optional<MegatronVisionTower> vision_;
+  int64_t vision_heads_ = 1, vision_head_dim_ = 0;
 };
 
 }  // namespace

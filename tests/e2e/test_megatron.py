@@ -82,7 +82,7 @@ def test_config_and_tokenizer_written(megatron_fx, merged_megatron):
 
 @pytest.mark.parametrize("name", ["qwen2_megatron_tp2_pp2", "llama_megatron_tp2", "qwen3moe_megatron_ep2",
                                   "qwen2_megatron_tp2_pp2_legacy", "mixtral_megatron_ep2", "deepseekv3_megatron_ep2",
-                                  "glm4moe_megatron_tp2"])
+                                  "glm4moe_megatron_tp2", "qwen25vl_megatron_tp1"])
 def test_loads_in_transformers_without_missing_keys(name, manifest, fixtures, merged_megatron):
     """Loads with no missing or unexpected keys, and gives the logits of the model the fixture's
     expected/ weights make."""
@@ -91,17 +91,27 @@ def test_loads_in_transformers_without_missing_keys(name, manifest, fixtures, me
     if fx is None:
         pytest.skip(f"{name} not in the manifest")
     out = merged_megatron(fx)
-    model, info = transformers.AutoModelForCausalLM.from_pretrained(str(out), output_loading_info=True)
+    cls = getattr(transformers, fx["architecture"])
+    model, info = cls.from_pretrained(str(out), output_loading_info=True)
     for key in ("missing_keys", "unexpected_keys", "mismatched_keys"):
         assert not info[key], f"{name}: {key} {info[key]}"
     model = model.float()  # as the oracle: both computed in float32 from the same values
-    oracle = transformers.AutoModelForCausalLM.from_pretrained(str(fixtures / fx["expected"]), dtype=torch.float32)
+    oracle = cls.from_pretrained(str(fixtures / fx["expected"]), dtype=torch.float32)
     with torch.no_grad():
         ids = torch.tensor([[1, 5, 9, 200]])
-        logits = model(ids).logits
+        logits = model(input_ids=ids).logits
         assert torch.isfinite(logits).all()
         if not fx.get("value_model"):
-            assert torch.equal(logits, oracle(ids).logits), f"{name}: logits differ from expected/'s model"
+            assert torch.equal(logits, oracle(input_ids=ids).logits), f"{name}: logits differ from expected/'s model"
+        if hasattr(model, "get_image_features"):  # the vision tower and merger, on one 4x4-patch image
+            vc = model.config.vision_config
+            thw = torch.tensor([[1, 4, 4]])
+            pixels = torch.randn(16, vc.in_channels * vc.temporal_patch_size * vc.patch_size ** 2,
+                                 generator=torch.Generator().manual_seed(0))
+            got, want = (m.get_image_features(pixel_values=pixels, image_grid_thw=thw) for m in (model, oracle))
+            got, want = (x.pooler_output if hasattr(x, "pooler_output") else x for x in (got, want))
+            got, want = (torch.cat(list(x)) if isinstance(x, (tuple, list)) else x for x in (got, want))
+            assert torch.equal(got, want), f"{name}: image features differ from expected/'s model"
 
 
 def test_mtp_layers_pass_the_given_configs_check(manifest, fixtures, merged_megatron):
@@ -135,6 +145,7 @@ def test_dist_only_save_without_config_says_how_to_fix(manifest, fixtures, run, 
     ("qwen3moe_megatron_ep2", {"layers": 2, "attention": "4 heads, 2 KV groups", "experts": 4, "moe_layers": 2,
                                "shared_experts": False, "expert_bias": False}),
     ("llama_megatron_tp2", {"layers": 2, "attention": "4 heads, 2 KV groups"}),
+    ("qwen25vl_megatron_tp1", {"layers": 2, "attention": "4 heads, 2 KV groups", "vision_tower": True}),
 ])
 def test_inspect_says_what_the_model_holds(name, holds, manifest, fixtures, run):
     fx = next((f for f in manifest["fixtures"] if f["name"] == name and f.get("status") == "ok"), None)

@@ -318,7 +318,8 @@ def test_the_launchers_sigterm_leaves_nothing_behind(mpi, shardmerge_gen_bin, tm
     # Open MPI 4's launcher SIGKILLs 1 s after its SIGTERM, odls_base_sigkill_timeout, and ends
     # the rest of a job once one process has ended; which of the two did it was not pinned down).
     # A SIGKILL cannot be handled: the temp directory and the lock stay, with no target, and the
-    # next run must clean them and merge.
+    # next run must clean them and merge, even while the killed process is still an unreaped
+    # zombie (the launcher exits without reaping it).
     assert "multi" not in leftovers(tmp_path, "multi"), out
     rerun = mpirun(mpi, tmp_path, 2, ["--target_dir", target])
     assert rerun.returncode == 0, rerun.stdout + rerun.stderr

@@ -226,5 +226,35 @@ TEST(MegatronNames, MultiTokenPredictionLayersAsDeepseekV3CheckpointsStoreThem) 
   EXPECT_EQ(find(x, "model.layers.0.block_sparse_moe.experts.1.w3.weight").pieces[0].offset, 3u * 8 * 2);
 }
 
+TEST(MegatronNames, VisionTowerQkvRegroupsPerHeadRowsIntoQThenKThenV) {
+  // Qwen2.5-VL: the language model under language_model., text sizes in text_config; a vision
+  // block's fused qkv is [heads 2 x (q, k, v) x head_dim 2, hidden 4] in Megatron.
+  const nlohmann::ordered_json config = {
+      {"architectures", {"Qwen2_5_VLForConditionalGeneration"}},
+      {"text_config", {{"num_hidden_layers", 1}, {"hidden_size", 8}, {"num_attention_heads", 4},
+                       {"num_key_value_heads", 2}, {"vocab_size", 10}}},
+      {"vision_config", {{"depth", 1}, {"num_heads", 2}, {"hidden_size", 4}}}};
+  SourceSet set;
+  set.tensors = {stored("language_model.embedding.word_embeddings.weight", {10, 8}, 0),
+                 stored("vision_model.decoder.layers.self_attention.linear_qkv.weight", {1, 12, 4}, 1000),
+                 stored("vision_model.projection.encoder.linear_fc2.bias", {8}, 2000)};
+  const HfTensors m = map_megatron_to_hf(set, config, {});
+  EXPECT_EQ(find(m, "model.embed_tokens.weight").pieces[0].offset, 0u);
+  EXPECT_EQ(find(m, "visual.merger.mlp.2.bias").pieces[0].offset, 2000u);
+  const SourceTensor& qkv = find(m, "visual.blocks.0.attn.qkv.weight");
+  EXPECT_EQ(qkv.shape, (std::vector<int64_t>{12, 4}));
+  // HF rows: q of head 0, q of head 1, k of head 0, ... ; Megatron row of (part p, head h) is (3h + p) x 2.
+  ASSERT_EQ(qkv.pieces.size(), 6u);
+  const uint64_t row = 4 * 2;  // bytes of a bf16 row of 4
+  const int64_t megatron_row[] = {0, 6, 2, 8, 4, 10};
+  for (size_t i = 0; i < 6; ++i) {
+    EXPECT_EQ(qkv.pieces[i].offset, 1000u + static_cast<uint64_t>(megatron_row[i]) * row) << i;
+    EXPECT_EQ(qkv.pieces[i].start, (std::vector<int64_t>{static_cast<int64_t>(2 * i), 0})) << i;
+  }
+  // A key outside both the language model and the tower is named.
+  set.tensors.push_back(stored("audio_model.proj.weight", {2, 2}, 3000));
+  EXPECT_THROW(map_megatron_to_hf(set, config, {}), Error);
+}
+
 }  // namespace
 }  // namespace shardmerge

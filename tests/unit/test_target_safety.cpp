@@ -76,6 +76,19 @@ TEST(StaleTemps, APidOwnsOnlyWhatItCouldHaveMade) {
   EXPECT_FALSE(process_may_have_made(::getpid(), 0));
   EXPECT_FALSE(process_may_have_made(ended_pid(), now));
   EXPECT_FALSE(process_may_have_made(0, now));
+  // A child that has ended but is not reaped yet (a zombie) still has its pid: it writes nothing.
+  const pid_t child = ::fork();
+  if (child == 0) ::_exit(0);
+  ASSERT_GT(child, 0);
+  for (int i = 0; i < 1000; ++i) {  // until it is a zombie
+    std::ifstream stat("/proc/" + std::to_string(child) + "/stat");
+    std::string line;
+    std::getline(stat, line);
+    if (line.find(") Z ") != std::string::npos) break;
+    ::usleep(1000);
+  }
+  EXPECT_FALSE(process_may_have_made(child, now));
+  ::waitpid(child, nullptr, 0);
 }
 
 TEST(StaleTemps, RemovesOnlyTempDirsOfEndedRunsOfThisTarget) {
