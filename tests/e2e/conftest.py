@@ -100,6 +100,7 @@ _SELECTORS = {
     "megatron_fx": ("fixtures", lambda f: f["kind"] == "megatron" and f.get("status") == "ok"),
     "merge_fx": ("fixtures", lambda f: f["kind"] in ("fsdp", "megatron") and f.get("status", "ok") == "ok"),
     "zoo_fx": ("fixtures", lambda f: f["kind"] == "fsdp_zoo" and f.get("status") == "ok"),
+    "zoo_lora_only_fx": ("fixtures", lambda f: f["kind"] == "fsdp_zoo_lora_only" and f.get("status") == "ok"),
     "lora_only_fx": ("fixtures", lambda f: f["kind"] == "fsdp_lora_only" and f.get("status") == "ok"),
     "hostile_fx": ("hostile", lambda f: True),
     "hostile_pt_fx": ("hostile", lambda f: f["file"].endswith(".pt")),

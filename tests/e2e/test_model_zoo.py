@@ -35,10 +35,10 @@ def files_and_bytes(d):
     return out, weight_map
 
 
-def test_merge_equals_save_pretrained(zoo_fx, fixtures, merged):
-    out = merge_like_oracle(merged, zoo_fx)
+def assert_same_hf_files(out, oracle):
+    """The same shard files, index text, headers, tensor order and bytes as `oracle`."""
     got, got_map = files_and_bytes(out)
-    exp, exp_map = files_and_bytes(fixtures / zoo_fx["saved_pretrained"])
+    exp, exp_map = files_and_bytes(oracle)
     assert sorted(got) == sorted(exp), f"shard files {sorted(got)} vs save_pretrained's {sorted(exp)}"
     assert got_map == exp_map, "model.safetensors.index.json weight_map differs from save_pretrained's"
     index = "model.safetensors.index.json"
@@ -48,16 +48,64 @@ def test_merge_equals_save_pretrained(zoo_fx, fixtures, merged):
         # files do not tell apart.
         def masked(d):
             return re.sub(r'"total_parameters": \d+', '"total_parameters": N', (d / index).read_text())
-        assert masked(out) == masked(fixtures / zoo_fx["saved_pretrained"]), f"{index} text differs"
+        assert masked(out) == masked(oracle), f"{index} text differs"
     for f in exp:
         head = lambda d: (d / f).read_bytes()[:st_header(d / f)[2]]  # noqa: E731
-        assert head(out) == head(fixtures / zoo_fx["saved_pretrained"]), f"{f}: header bytes differ"
+        assert head(out) == head(oracle), f"{f}: header bytes differ"
         g_meta, g_rows = got[f]
         e_meta, e_rows = exp[f]
         assert g_meta == e_meta, f"{f}: __metadata__ {g_meta} vs {e_meta}"
         assert [r[:3] for r in g_rows] == [r[:3] for r in e_rows], f"{f}: tensors (name, dtype, shape) differ"
         bad = [r[0] for r, s in zip(g_rows, e_rows) if r[3] != s[3]]
         assert not bad, f"{f}: bytes differ for {bad[:5]}"
+
+
+def test_merge_equals_save_pretrained(zoo_fx, fixtures, merged):
+    """(With LoRA: folded, as PEFT's merge_and_unload() then the class's save_pretrained.)"""
+    assert_same_hf_files(merge_like_oracle(merged, zoo_fx), fixtures / zoo_fx["saved_pretrained"])
+
+
+def test_lora_adapter_is_what_peft_saves(zoo_fx, fixtures, merged):
+    """LoRA over converted modules (a VLM's vision blocks and language model): --lora adapter
+    writes the base as the class saves it without the adapter (PEFT's unload()), and the adapter
+    with the tensor names and bytes PEFT's own save_pretrained writes; PEFT applies that adapter
+    to that base and gives the folded model's logits."""
+    if not zoo_fx.get("lora"):
+        pytest.skip("no LoRA")
+    import peft
+    import transformers
+    from safetensors.torch import load_file
+
+    out = merge_like_oracle(merged, zoo_fx, "--lora", "adapter")
+    assert_same_hf_files(out, fixtures / zoo_fx["lora"]["saved_base"])
+    ours = load_file(str(out / "lora_adapter" / "adapter_model.safetensors"))
+    theirs = load_file(str(fixtures / zoo_fx["lora"]["peft_adapter"] / "adapter_model.safetensors"))
+    assert sorted(ours) == sorted(theirs)
+    assert all(torch.equal(ours[k], theirs[k]) for k in theirs)
+    config = json.loads((out / "lora_adapter" / "adapter_config.json").read_text())
+    assert (config["r"], config["lora_alpha"]) == (zoo_fx["lora"]["r"], zoo_fx["lora"]["lora_alpha"])
+    cls = getattr(transformers, zoo_fx["architecture"])
+    with_adapter = peft.PeftModel.from_pretrained(cls.from_pretrained(out, dtype=torch.float32), out / "lora_adapter")
+    folded = cls.from_pretrained(merge_like_oracle(merged, zoo_fx), dtype=torch.float32)
+    ids = torch.tensor([[1, 5, 17, 42, 99, 3]])
+    with torch.no_grad():
+        torch.testing.assert_close(with_adapter(input_ids=ids).logits, folded(input_ids=ids).logits, rtol=1e-5, atol=1e-5)
+
+
+def test_lora_only_onto_the_base_is_what_peft_writes(zoo_lora_only_fx, fixtures, merged):
+    """verl's save_lora_only of a VLM (rank files with the adapter alone, run-time names): folded
+    onto the base's saved-name weights given as --hf_model_path, it is byte for byte PEFT's
+    merge_and_unload saved by the class; the adapter alone is PEFT's own save_pretrained."""
+    from safetensors.torch import load_file
+
+    fx = zoo_lora_only_fx
+    assert_same_hf_files(merge_like_oracle(merged, fx, "--hf_model_path", fixtures / fx["base"]),
+                         fixtures / fx["saved_pretrained"])
+    out = merge_like_oracle(merged, fx, "--lora", "adapter")
+    ours = load_file(str(out / "lora_adapter" / "adapter_model.safetensors"))
+    theirs = load_file(str(fixtures / fx["lora"]["peft_adapter"] / "adapter_model.safetensors"))
+    assert sorted(ours) == sorted(theirs)
+    assert all(torch.equal(ours[k], theirs[k]) for k in theirs)
 
 
 def test_transformers_loads_with_no_missing_keys(zoo_fx, fixtures, merged):
@@ -80,11 +128,14 @@ def test_keep_runtime_names_writes_the_rank_files_names(zoo_fx, fixtures, merged
     (expected.safetensors, written by the training processes)."""
     from safetensors.torch import load_file
 
-    out = merged(zoo_fx, "--dtype", "fp32", "--keep-runtime-names")
+    lora = ("--lora", "adapter") if zoo_fx.get("lora") else ()
+    out = merged(zoo_fx, "--dtype", "fp32", "--keep-runtime-names", *lora)
     got = {}
     for f in hf_weight_files(out):
         got.update(load_file(str(f)))
     exp = load_file(str(fixtures / zoo_fx["role_dir"] / ".." / ".." / "expected.safetensors"))
+    if lora:  # the base under PEFT's wrapper: base_model.model.<name>, <module>.base_layer.<param>
+        exp = {k.removeprefix("base_model.model.").replace(".base_layer.", "."): v for k, v in exp.items() if "lora_" not in k}
     tied = set(exp) - set(got)
     assert tied <= {"lm_head.weight"}, f"missing: {sorted(tied)}"
     assert sorted(got) == sorted(set(exp) - tied)
