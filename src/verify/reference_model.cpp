@@ -95,7 +95,6 @@ class MegatronMapper {
   }
 
  private:
-  // `mtp.layers.<i>.<rest>`, HF layer num_hidden_layers + i; that layer, or nothing for other keys.
   // A vision tower's block tensor (per layer or layer-stacked) or one of its other tensors.
   void vision_key(const ReferenceTensor& t) {
     const std::string rest = t.name.substr(vision_->megatron.size()), blocks = "decoder.layers.";
@@ -118,6 +117,7 @@ class MegatronMapper {
     for (int64_t l = 0; l < (t.shape.empty() ? 0 : t.shape[0]); ++l) block({l}, l, tail);
   }
 
+  // `mtp.layers.<i>.<rest>`, HF layer num_hidden_layers + i; that layer, or nothing for other keys.
   std::optional<int64_t> mtp_key(const ReferenceTensor& t, const std::string& name) {
     const std::string prefix = "mtp.layers.", block = "transformer_layer.";
     if (name.rfind(prefix, 0) != 0) return std::nullopt;
