@@ -3,6 +3,7 @@
 #include <optional>
 
 #include "shardmerge/error.hpp"
+#include "util/json_fields.hpp"
 
 namespace shardmerge {
 namespace {
@@ -28,10 +29,7 @@ const NamedShape* find_2d(const std::vector<NamedShape>& tensors, const std::str
 
 void check_config_matches_weights(const nlohmann::ordered_json& full_config, const std::string& config_path,
                                   const std::vector<NamedShape>& tensors, const std::string& weights) {
-  // A multimodal config (Qwen2.5-VL, Qwen3.5 in transformers 5) states the decoder's sizes in a
-  // nested text_config.
-  const nlohmann::ordered_json& config =
-      full_config.contains("text_config") && full_config["text_config"].is_object() ? full_config["text_config"] : full_config;
+  const nlohmann::ordered_json& config = hf_text_config(full_config);
   auto require = [&](const char* field, std::optional<int64_t> stated, int64_t implied, const std::string& evidence) {
     if (stated && *stated != implied)
       throw Error(std::string(field) + "=" + std::to_string(*stated) + " disagrees with the weights in " + weights + ": " +

@@ -204,10 +204,6 @@ struct LayerTensor {
   bool vision = false;  // a block of the vision tower
 };
 
-// A multimodal config (transformers 5) states the language model's sizes in text_config.
-const nlohmann::ordered_json& text_config(const nlohmann::ordered_json& config) {
-  return config.contains("text_config") && config["text_config"].is_object() ? config["text_config"] : config;
-}
 
 class Mapper {
  public:
@@ -223,7 +219,7 @@ class Mapper {
       for (const auto& a : megatron_supported_architectures()) known += (known.empty() ? "" : ", ") + a;
       throw Error("no Megatron -> HF mapping for architecture '" + arch + "' (supported: " + known + ")");
     }
-    const nlohmann::ordered_json& text = text_config(config);
+    const nlohmann::ordered_json& text = hf_text_config(config);
     layers_ = config_int(text, "num_hidden_layers");
     // Head counts and sizes are bounded far above any real model, so that the QKV row
     // arithmetic ((heads + 2 x KV heads) x head_dim) cannot overflow.
@@ -272,13 +268,12 @@ class Mapper {
         unknown_.push_back(t.name);
       }
     }
-    std::vector<std::string>& unknown = unknown_;
-    for (LayerTensor& lt : layer_tensors_) map(lt, unknown);
+    for (LayerTensor& lt : layer_tensors_) map(lt);
     add_mtp_copies();
-    if (!unknown.empty()) {
+    if (!unknown_.empty()) {
       std::string list;
-      for (size_t i = 0; i < unknown.size() && i < 12; ++i) list += (i ? ", " : "") + unknown[i];
-      if (unknown.size() > 12) list += ", ... (" + std::to_string(unknown.size()) + " in all)";
+      for (size_t i = 0; i < unknown_.size() && i < 12; ++i) list += (i ? ", " : "") + unknown_[i];
+      if (unknown_.size() > 12) list += ", ... (" + std::to_string(unknown_.size()) + " in all)";
       throw Error("Megatron keys with no " + std::string(family_->architecture) + " mapping: " + list +
                   " (extras this architecture's table does not know are not supported)");
     }
@@ -439,24 +434,24 @@ class Mapper {
     out_.tensors.push_back(std::move(t));
   }
 
-  void map(LayerTensor& lt, std::vector<std::string>& unknown) {
+  void map(LayerTensor& lt) {
     const SourceTensor& t = lt.tensor;
-    if (lt.vision) return map_vision(lt, unknown);
-    if (lt.layer < 0) return map_global(t, unknown);
+    if (lt.vision) return map_vision(lt);
+    if (lt.layer < 0) return map_global(t);
     for (const char* adapter : {kAdapterIn, kAdapterOut})
-      if (lt.rest.ends_with(adapter)) return map_adapter(lt, adapter == kAdapterIn, unknown);
+      if (lt.rest.ends_with(adapter)) return map_adapter(lt, adapter == kAdapterIn);
     if (const auto i = rule_for(lt.rest))
       return map_rows(t, family_->rules[*i], hf_name(lt, *i), Key{1, lt.layer, lt.expert, *i, 0});
-    unknown.push_back(t.name);
+    unknown_.push_back(t.name);
   }
 
-  void map_vision(const LayerTensor& lt, std::vector<std::string>& unknown) {
+  void map_vision(const LayerTensor& lt) {
     const Tower& tower = *family_->vision;
     for (size_t i = 0; i < tower.rules.size(); ++i)
       if (lt.rest == tower.rules[i].megatron)
         return map_rows(lt.tensor, tower.rules[i], tower.hf_blocks + std::to_string(lt.layer) + "." + tower.rules[i].hf,
                         Key{5, lt.layer, -1, i, 0});
-    unknown.push_back(lt.tensor.name);
+    unknown_.push_back(lt.tensor.name);
   }
 
   std::optional<size_t> rule_for(const std::string& rest) const {
@@ -489,10 +484,10 @@ class Mapper {
   // modules: linear_out = B, whose rows split like the fused weight's (QKV per query group,
   // gate/up halves), so that folding each HF part equals folding the fused weight first;
   // linear_in = A, shared by the parts of a fused weight.
-  void map_adapter(const LayerTensor& lt, bool is_a, std::vector<std::string>& unknown) {
+  void map_adapter(const LayerTensor& lt, bool is_a) {
     const std::string suffix = is_a ? kAdapterIn : kAdapterOut;
     const auto rule = rule_for(lt.rest.substr(0, lt.rest.size() - suffix.size()) + ".weight");
-    if (!rule) return unknown.push_back(lt.tensor.name);
+    if (!rule) return unknown_.push_back(lt.tensor.name);
     std::string hf = hf_name(lt, *rule);
     hf = hf.substr(0, hf.size() - std::string(".weight").size()) + (is_a ? ".lora_A.weight" : ".lora_B.weight");
     const Key key{4, lt.layer, lt.expert, *rule, 0};
@@ -504,7 +499,7 @@ class Mapper {
     }
   }
 
-  void map_global(const SourceTensor& t, std::vector<std::string>& unknown) {
+  void map_global(const SourceTensor& t) {
     if (t.name == "embedding.word_embeddings.weight") {
       embedding_ = trim_vocab(t, "model.embed_tokens.weight");
       return emit(*embedding_, {0, 0, 0, 0, 0});
@@ -533,7 +528,7 @@ class Mapper {
       output_ = trim_vocab(t, "lm_head.weight");
       return emit(*output_, {3, 0, 0, 0, 0});
     }
-    unknown.push_back(t.name);
+    unknown_.push_back(t.name);
   }
 
   SourceTensor trim_vocab(const SourceTensor& t, const std::string& hf) {
@@ -623,7 +618,7 @@ class Mapper {
   std::set<int64_t> mtp_layers_;
   int64_t vision_layers_ = 0, vision_heads_ = 0, vision_head_dim_ = 0;
   std::deque<SourceTensor> renamed_;  // language-model tensors under their text-model names (regions point here)
-  std::vector<std::string> unknown_;
+  std::vector<std::string> unknown_;  // keys no row maps, listed in one error
   std::optional<SourceTensor> embedding_, output_;  // as written (vocab rows trimmed), for MTP layers' copies
   HfTensors out_;
   std::map<std::string, Key> sort_key_;

@@ -64,4 +64,11 @@ std::optional<T> json_field(const Json& object, const std::string& key, const st
   return it->template get<T>();
 }
 
+// A HuggingFace config.json's language-model part: a multimodal config (transformers 5's
+// Qwen2.5-VL, Qwen3.5, ...) states the decoder's sizes in a nested text_config; a text model's
+// config is its own.
+inline const nlohmann::ordered_json& hf_text_config(const nlohmann::ordered_json& config) {
+  return config.contains("text_config") && config["text_config"].is_object() ? config["text_config"] : config;
+}
+
 }  // namespace shardmerge

@@ -7,6 +7,7 @@
 #include "plan/megatron_names.hpp"
 #include "plan/peft_names.hpp"
 #include "shardmerge/error.hpp"
+#include "util/json_fields.hpp"
 #include "util/shape.hpp"
 #include "util/text.hpp"
 
@@ -40,8 +41,7 @@ class MegatronMapper {
                                  : "";
     rules_ = megatron_name_rules(arch);
     if (rules_.empty()) throw Error("verify: no Megatron name table for architecture '" + arch + "'");
-    // a multimodal config states the language model's sizes in text_config
-    const auto& text = config.contains("text_config") && config["text_config"].is_object() ? config["text_config"] : config;
+    const auto& text = hf_text_config(config);
     heads_ = config_int(text, "num_attention_heads");
     kv_heads_ = config_int(text, "num_key_value_heads", heads_);
     head_dim_ = config_int(text, "head_dim", config_int(text, "hidden_size") / heads_);
