@@ -124,19 +124,21 @@ void fsdp_report(const layouts::FsdpRole& role, bool with_tensors, json& j, std:
     if (j["lora_only"])
       warnings.push_back("the rank files hold only LoRA tensors (verl's save_lora_only): fold them into the base model "
                          "with --hf_model_path BASE_HF_DIR, or write the adapter alone with --lora adapter");
-    // Which names the merge writes: the model class's saved names (plan/saved_names.hpp).
-    if (role.huggingface && role.huggingface->has_config)
-      if (const SavedNameClass* row = saved_name_class(role.huggingface->config)) {
-        json names;
-        names["class"] = std::string(row->architecture);
-        names["model_type"] = std::string(row->model_type);
-        names["conversion"] = row->rules && row->rules->converts() ? json(std::string(row->rules->family)) : json(nullptr);
-        names["refused"] = row->rules && row->rules->refused;
-        j["saved_names"] = std::move(names);
-        if (row->rules && row->rules->refused)
-          warnings.push_back("transformers converts " + std::string(row->architecture) +
-                             "'s names on save in ways shardmerge does not reproduce: merge needs --keep-runtime-names");
-      }
+    // Which names the merge writes: the model class's saved names (plan/saved_names.hpp); a
+    // class the table does not list saves its run-time names.
+    if (role.huggingface && role.huggingface->has_config) {
+      const json& config = role.huggingface->config;
+      const SavedNameClass* row = saved_name_class(config);
+      json names;
+      names["class"] = row ? std::string(row->architecture) : role.huggingface->architecture;
+      names["model_type"] = row ? std::string(row->model_type) : config.value("model_type", std::string());
+      names["conversion"] = row && row->rules && row->rules->converts() ? json(std::string(row->rules->family)) : json(nullptr);
+      names["refused"] = row && row->rules && row->rules->refused;
+      j["saved_names"] = std::move(names);
+      if (row && row->rules && row->rules->refused)
+        warnings.push_back("transformers converts " + std::string(row->architecture) +
+                           "'s names on save in ways shardmerge does not reproduce: merge needs --keep-runtime-names");
+    }
     if (with_tensors) j["tensor_list"] = tensors_json(set);
   } catch (const Error& e) {
     warnings.push_back(std::string("cannot be merged as is: ") + e.what());

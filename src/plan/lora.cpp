@@ -1,5 +1,6 @@
 #include "plan/lora.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <regex>
 #include <set>
@@ -104,6 +105,41 @@ std::string alpha_help(const LoraConfig& c) {
   return "LoRA alpha is " + (c.alpha ? std::string("0") : std::string("missing")) + " in " +
          (c.source.empty() ? std::string("the checkpoint") : c.source) +
          " (older verl wrote lora_alpha=0); pass the value used in training with --lora-alpha N";
+}
+
+// PEFT matches a target_modules entry t against a module named n when n == t or n ends with
+// "." + t. Each adapted module gets the shortest dotted suffix of its name that no other module
+// of the model matches, as PEFT's own save_pretrained minimises them ("mlp.0", not "0" which
+// would also match a vision block "blocks.0"). The modules are the dotted prefixes of the
+// tensor names; a module that holds no tensor here (a save_lora_only checkpoint's untargeted
+// layers) cannot be told apart.
+bool peft_target_matches(const std::string& target, const std::string& module) {
+  return module == target || (module.size() > target.size() && module.compare(module.size() - target.size(), target.size(), target) == 0 &&
+                              module[module.size() - target.size() - 1] == '.');
+}
+
+std::vector<std::string> peft_target_modules(const PeftSplit& split) {
+  std::set<std::string> adapted, modules;
+  for (const LoraModule& m : split.lora) adapted.insert(m.module);
+  const auto add_prefixes = [&](const std::string& name) {
+    for (size_t dot = name.find('.'); dot != std::string::npos; dot = name.find('.', dot + 1)) modules.insert(name.substr(0, dot));
+  };
+  for (const auto& [name, tensor] : split.base) add_prefixes(name);
+  for (const std::string& m : adapted) add_prefixes(m + ".weight");
+  std::set<std::string> targets;
+  for (const std::string& module : adapted) {
+    for (size_t start = module.rfind('.');; start = start == 0 ? std::string::npos : module.rfind('.', start - 1)) {
+      const std::string suffix = start == std::string::npos ? module : module.substr(start + 1);
+      const bool only_adapted = std::all_of(modules.begin(), modules.end(), [&](const std::string& other) {
+        return adapted.count(other) || !peft_target_matches(suffix, other);
+      });
+      if (only_adapted || start == std::string::npos) {
+        targets.insert(suffix);
+        break;
+      }
+    }
+  }
+  return {targets.begin(), targets.end()};
 }
 
 }  // namespace
@@ -212,14 +248,12 @@ ModelGroups make_model_groups(const ModelGroupsInput& in) {
     adapter.subdir = dir;
     adapter.shard = false;
     adapter.metadata = {};  // verl saves the adapter with safetensors' save_file, without metadata
-    std::set<std::string> targets;
     for (const LoraModule& m : split.lora) {
       const std::string prefix = "base_model.model." + m.module;
       const std::string a = prefix + (m.embedding ? ".lora_embedding_A" : ".lora_A.weight");
       const std::string b = prefix + (m.embedding ? ".lora_embedding_B" : ".lora_B.weight");
       adapter.tensors.push_back({a, m.a, std::nullopt, false});
       adapter.tensors.push_back({b, m.b, std::nullopt, false});
-      targets.insert(m.module.substr(m.module.rfind('.') + 1));
     }
     // Start from the training adapter_config.json when there is one; make sure what PEFT needs is right.
     nlohmann::ordered_json cfg = config.adapter_config.is_object() ? config.adapter_config : nlohmann::ordered_json::object();
@@ -227,7 +261,7 @@ ModelGroups make_model_groups(const ModelGroupsInput& in) {
     cfg["r"] = config.r.value_or(split.lora.front().a->shape[0]);
     cfg["lora_alpha"] = *config.alpha;
     if (!cfg.contains("target_modules") || cfg["target_modules"].is_null() || cfg["target_modules"] == "all-linear")
-      cfg["target_modules"] = std::vector<std::string>(targets.begin(), targets.end());
+      cfg["target_modules"] = peft_target_modules(split);
     if (!config.task_type.empty()) cfg["task_type"] = config.task_type;
     if (!cfg.contains("bias")) cfg["bias"] = "none";
     cfg["use_rslora"] = config.use_rslora;

@@ -84,6 +84,8 @@ def test_lora_adapter_is_what_peft_saves(zoo_fx, fixtures, merged):
     assert all(torch.equal(ours[k], theirs[k]) for k in theirs)
     config = json.loads((out / "lora_adapter" / "adapter_config.json").read_text())
     assert (config["r"], config["lora_alpha"]) == (zoo_fx["lora"]["r"], zoo_fx["lora"]["lora_alpha"])
+    peft_config = json.loads((fixtures / zoo_fx["lora"]["peft_adapter"] / "adapter_config.json").read_text())
+    assert sorted(config["target_modules"]) == sorted(peft_config["target_modules"])
     cls = getattr(transformers, zoo_fx["architecture"])
     with_adapter = peft.PeftModel.from_pretrained(cls.from_pretrained(out, dtype=torch.float32), out / "lora_adapter")
     folded = cls.from_pretrained(merge_like_oracle(merged, zoo_fx), dtype=torch.float32)
@@ -108,19 +110,37 @@ def test_lora_only_onto_the_base_is_what_peft_writes(zoo_lora_only_fx, fixtures,
     assert all(torch.equal(ours[k], theirs[k]) for k in theirs)
 
 
+def model_inputs(config):
+    """Token ids, and for a Qwen-VL model one 4x4-patch image among them, so that the logits
+    depend on the vision tower and the merger too."""
+    if not hasattr(config, "vision_config"):
+        return {"input_ids": torch.tensor([[1, 5, 17, 42, 99, 3]])}
+    vc = config.vision_config
+    thw = torch.tensor([[1, 4, 4]])
+    image_tokens = [config.image_token_id] * (16 // vc.spatial_merge_size ** 2)
+    pixels = torch.randn(16, vc.in_channels * vc.temporal_patch_size * vc.patch_size ** 2,
+                         generator=torch.Generator().manual_seed(0))
+    ids = torch.tensor([[1, 5, config.vision_start_token_id, *image_tokens, 17, 42]])
+    # which positions are image tokens (the processor's output, for M-RoPE)
+    return {"input_ids": ids, "pixel_values": pixels, "image_grid_thw": thw,
+            "mm_token_type_ids": (ids == config.image_token_id).long()}
+
+
 def test_transformers_loads_with_no_missing_keys(zoo_fx, fixtures, merged):
     """The merge loads into its class with no missing or unexpected key and gives the logits of
-    the saved oracle."""
+    the saved oracle (a VLM's with an image in the prompt). Both run eager attention: the
+    checkpoint's config may name another implementation than the oracle's."""
     import transformers
 
     out = merge_like_oracle(merged, zoo_fx)
     cls = getattr(transformers, zoo_fx["architecture"])
-    model, info = cls.from_pretrained(out, output_loading_info=True, dtype=torch.float32)
+    kw = {"dtype": torch.float32, "attn_implementation": "eager"}
+    model, info = cls.from_pretrained(out, output_loading_info=True, **kw)
     assert not info["missing_keys"] and not info["unexpected_keys"], info
-    oracle = cls.from_pretrained(fixtures / zoo_fx["saved_pretrained"], dtype=torch.float32)
-    ids = torch.tensor([[1, 5, 17, 42, 99, 3]])
+    oracle = cls.from_pretrained(fixtures / zoo_fx["saved_pretrained"], **kw)
+    inputs = model_inputs(oracle.config)
     with torch.no_grad():
-        assert torch.equal(model(input_ids=ids).logits, oracle(input_ids=ids).logits)
+        assert torch.equal(model(**inputs).logits, oracle(**inputs).logits)
 
 
 def test_keep_runtime_names_writes_the_rank_files_names(zoo_fx, fixtures, merged, run):
@@ -166,15 +186,49 @@ def test_verify_checks_the_converted_names(zoo_fx, fixtures, merged, run):
     assert proc.returncode == 1 and name in proc.stdout + proc.stderr, (name, proc.stdout, proc.stderr)
 
 
+def saves_runtime_names(fixtures, fx):
+    """Whether the class's save_pretrained (the oracle) keeps the names the training processes
+    gathered (expected.safetensors), a tied lm_head aside."""
+    from safetensors import safe_open
+
+    with safe_open(str(fixtures / fx["expected"]), "pt") as f:
+        gathered = {k.removeprefix("base_model.model.").replace(".base_layer.", ".") for k in f.keys() if "lora_" not in k}
+    saved = set()
+    for shard in hf_weight_files(fixtures / (fx["lora"]["saved_base"] if fx["lora"] else fx["saved_pretrained"])):
+        with safe_open(str(shard), "pt") as f:
+            saved |= set(f.keys())
+    return gathered - {"lm_head.weight"} == saved - {"lm_head.weight"}
+
+
 def test_inspect_names_the_conversion(zoo_fx, fixtures, run):
     info = json.loads(run("inspect", fixtures / zoo_fx["role_dir"], "--json").stdout)
     conv = info.get("saved_names")
     assert conv is not None, f"inspect --json has no saved_names: {sorted(info)}"
     assert conv["class"] == zoo_fx["architecture"]
-    if zoo_fx["model"] == "gpt_oss":
+    if saves_runtime_names(fixtures, zoo_fx):
         assert conv["conversion"] is None
     else:
         assert conv["conversion"]
+
+
+def test_matches_verl_merger(zoo_fx, fixtures, merged, run):
+    """verl's own merger (python -m verl.model_merger, run by the generator) is a second oracle:
+    cast to bf16 as verl casts, the merge holds its tensor names, shapes and bytes (under LoRA
+    the base without the adapter, as verl does not fold)."""
+    from safetensors.torch import load_file
+
+    if not zoo_fx.get("verl_ref"):
+        pytest.skip("no verl_ref (verl not installed when the fixtures were made)")
+    assert zoo_fx.get("verl_matches_expected_bf16"), "verl_ref differs from the class's save_pretrained (see manifest)"
+    lora = ("--lora", "adapter") if zoo_fx.get("lora") else ()
+    out = merged(zoo_fx, "--dtype", "bf16", *lora)
+    ours, verls = {}, {}
+    for d, into in ((out, ours), (fixtures / zoo_fx["verl_ref"], verls)):
+        for f in hf_weight_files(d):
+            into.update(load_file(str(f)))
+    assert sorted(ours) == sorted(verls)
+    bad = [k for k in verls if ours[k].dtype != verls[k].dtype or not torch.equal(ours[k], verls[k])]
+    assert not bad, f"differ from verl's merger: {bad[:5]}"
 
 
 def test_unknown_class_with_runtime_names_is_refused(fixtures, run, tmp_path):

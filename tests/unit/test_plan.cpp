@@ -155,6 +155,33 @@ TEST_F(PlanGroups, AdapterExportIsPeftFormat) {
   EXPECT_EQ(cfg["task_type"], "CAUSAL_LM");
 }
 
+// PEFT's save_pretrained writes target_modules as the shortest suffixes that match no other
+// module: leaf names would match a vision block ("0" -> visual.blocks.0) or a convolution
+// ("proj" -> visual.patch_embed.proj), and PEFT then refuses or wraps them on load.
+TEST(PlanLora, AdapterTargetModulesMatchOnlyTheAdaptedModules) {
+  std::vector<SourceTensor> tensors;
+  for (const std::string m : {"model.visual.blocks.0.attn.proj", "model.visual.merger.mlp.0", "model.visual.merger.mlp.2",
+                              "model.language_model.layers.0.self_attn.q_proj"}) {
+    tensors.push_back(tensor("base_model.model." + m + ".base_layer.weight", {4, 4}));
+    tensors.push_back(tensor("base_model.model." + m + ".lora_A.default.weight", {2, 4}));
+    tensors.push_back(tensor("base_model.model." + m + ".lora_B.default.weight", {4, 2}));
+  }
+  tensors.push_back(tensor("base_model.model.model.visual.patch_embed.proj.weight", {4, 4}));
+  tensors.push_back(tensor("base_model.model.model.visual.blocks.0.norm1.weight", {4}));
+  tensors.push_back(tensor("base_model.model.model.language_model.layers.2.input_layernorm.weight", {4}));
+  const SourceSet set = source_set(tensors);
+  const PeftSplit split = split_peft_names(set);
+  ModelGroupsInput in;
+  in.split = &split;
+  in.mode = LoraMode::Adapter;
+  LoraConfig c;
+  c.alpha = 8;
+  in.config = c;
+  const auto cfg = nlohmann::json::parse(*make_model_groups(in).adapter_config->content);
+  // "2" would also match the decoder layer model.language_model.layers.2
+  EXPECT_EQ(cfg["target_modules"], nlohmann::json::array({"attn.proj", "mlp.0", "mlp.2", "q_proj"}));
+}
+
 TEST_F(PlanGroups, BothAndDrop) {
   const ModelGroups both = groups(LoraMode::Both);
   EXPECT_TRUE(both.model.tensors[1].fold);
