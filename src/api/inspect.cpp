@@ -52,6 +52,13 @@ std::string merge_command(const std::string& role_dir, const std::string& backen
          quote(suggested_target(role_dir));
 }
 
+// The command that merges a role directory of this kind.
+std::string merge_command(const std::string& role_dir, layouts::Kind kind) {
+  return merge_command(role_dir, kind == layouts::Kind::MegatronRole    ? "megatron"
+                                 : kind == layouts::Kind::AutomodelRole ? "auto"
+                                                                        : "fsdp");
+}
+
 json hf_json(const layouts::HfTree& hf) {
   json j;
   j["path"] = hf.path;
@@ -294,7 +301,7 @@ json inspect(const std::string& path, bool with_tensors) {
         const std::string role_dir = layouts::resolve_role_dir(path, "actor", notes);
         j["resolves_to"] = role_dir;
         layouts::Layout role = layouts::detect(role_dir);
-        next.push_back(merge_command(role_dir, role.kind == layouts::Kind::MegatronRole ? "megatron" : "fsdp"));
+        next.push_back(merge_command(role_dir, role.kind));
       } catch (const Error& e) {
         warnings.push_back(e.what());
       }
@@ -307,7 +314,7 @@ json inspect(const std::string& path, bool with_tensors) {
       j["dataloader_state"] = step.has_dataloader_state;
       for (const auto& r : step.roles) {
         const std::string dir = (fs::path(path) / r).string();
-        next.push_back(merge_command(dir, layouts::detect(dir).kind == layouts::Kind::MegatronRole ? "megatron" : "fsdp"));
+        next.push_back(merge_command(dir, layouts::detect(dir).kind));
       }
       break;
     }
@@ -350,6 +357,20 @@ json inspect(const std::string& path, bool with_tensors) {
         warnings.push_back("the HF weights are already complete in " + role.huggingface->path +
                            ": nothing needs merging (copy that directory)");
       next.push_back(merge_command(path, "megatron"));
+      break;
+    }
+    case layouts::Kind::AutomodelRole: {
+      const auto& role = std::get<layouts::AutomodelRole>(layout.info);
+      j["model_shard_files"] = role.shard_files;
+      j["optimizer"] = role.has_optimizer;
+      if (role.consolidated) j["consolidated"] = hf_json(*role.consolidated);
+      if (role.consolidated && role.consolidated->weights_complete) {
+        warnings.push_back("model/consolidated/ already holds the complete HF model: merge writes a verified copy of it");
+        next.push_back(merge_command(path, layout.kind));
+      } else {
+        warnings.push_back("no complete consolidated HF model in model/consolidated/ (save_consolidated=False, or the "
+                           "save did not finish): shardmerge merges the consolidated model only");
+      }
       break;
     }
     case layouts::Kind::HfTree: {

@@ -21,6 +21,7 @@ const char* kind_name(Kind k) {
     case Kind::StepRoot: return "verl step root";
     case Kind::FsdpRole: return "verl FSDP role directory";
     case Kind::MegatronRole: return "verl Megatron role directory";
+    case Kind::AutomodelRole: return "verl NeMo-Automodel role directory";
     case Kind::HfTree: return "HuggingFace model directory";
     case Kind::PeftAdapter: return "PEFT adapter directory";
     case Kind::Unknown: return "unknown";
@@ -77,8 +78,29 @@ bool looks_like_megatron(const fs::path& dir) {
          is_file(dir / "transformer_config.json") || !list_mp_rank_dirs(dir / "model").empty();
 }
 
+bool is_automodel_shard(const std::string& name) {
+  return name.rfind("shard-", 0) == 0 && name.find("-model-") != std::string::npos &&
+         name.size() > 12 && name.compare(name.size() - 12, 12, ".safetensors") == 0;
+}
+
+bool looks_like_automodel(const fs::path& dir) {
+  if (is_file(dir / "model" / "consolidated" / "config.json")) return true;
+  if (!is_dir(dir / "model")) return false;
+  const auto files = list_dir(dir / "model");
+  return std::any_of(files.begin(), files.end(), [](const fs::path& p) { return is_automodel_shard(p.filename().string()); });
+}
+
 bool looks_like_role(const fs::path& dir) {
-  return has_rank_files(dir) || is_file(dir / "fsdp_config.json") || looks_like_megatron(dir);
+  return has_rank_files(dir) || is_file(dir / "fsdp_config.json") || looks_like_megatron(dir) || looks_like_automodel(dir);
+}
+
+AutomodelRole read_automodel_role(const fs::path& dir) {
+  AutomodelRole role;
+  role.path = dir.string();
+  if (is_dir(dir / "model" / "consolidated")) role.consolidated = read_hf_tree((dir / "model" / "consolidated").string());
+  for (const auto& p : list_dir(dir / "model")) role.shard_files += is_automodel_shard(p.filename().string());
+  role.has_optimizer = is_file(dir / "optim" / ".metadata");
+  return role;
 }
 
 FsdpRole read_fsdp_role(const fs::path& dir, std::vector<std::string>& warnings) {
@@ -310,6 +332,9 @@ Layout detect(const std::string& path) {
   } else if (looks_like_megatron(dir)) {
     layout.kind = Kind::MegatronRole;
     layout.info = read_megatron_role(dir, layout.warnings);
+  } else if (looks_like_automodel(dir)) {
+    layout.kind = Kind::AutomodelRole;
+    layout.info = read_automodel_role(dir);
   } else if (is_file(dir / "adapter_config.json")) {
     layout.kind = Kind::PeftAdapter;
     PeftAdapter a;

@@ -59,6 +59,17 @@ struct MegatronRole {
   std::vector<std::string> mp_rank_dirs;
 };
 
+// What verl's NeMo-Automodel engine saves (its Checkpointer, safetensors format, consolidated):
+// model/ holds the training processes' safetensors shards (torch DCP's HuggingFace storage,
+// `shard-RRRRR-model-FFFFF-of-NNNNN.safetensors`), model/consolidated/ the whole HF model made of
+// them (weights, index, config, tokenizer), optim/ the optimizer as torch DCP.
+struct AutomodelRole {
+  std::string path;
+  std::optional<HfTree> consolidated;  // model/consolidated
+  int shard_files = 0;                 // model/shard-*.safetensors
+  bool has_optimizer = false;          // optim/.metadata
+};
+
 struct StepRoot {
   std::string path;
   std::optional<int64_t> step;
@@ -73,14 +84,14 @@ struct RunRoot {
   std::string tracker_problem;                         // why the tracker cannot be used
 };
 
-enum class Kind { RunRoot, StepRoot, FsdpRole, MegatronRole, HfTree, PeftAdapter, Unknown };
+enum class Kind { RunRoot, StepRoot, FsdpRole, MegatronRole, AutomodelRole, HfTree, PeftAdapter, Unknown };
 const char* kind_name(Kind k);
 
 struct Layout {
   Kind kind = Kind::Unknown;
   std::string path;
   std::vector<std::string> warnings;
-  std::variant<std::monostate, RunRoot, StepRoot, FsdpRole, MegatronRole, HfTree, PeftAdapter> info;
+  std::variant<std::monostate, RunRoot, StepRoot, FsdpRole, MegatronRole, AutomodelRole, HfTree, PeftAdapter> info;
 };
 
 // Throws a usage Error (exit 2) when the path does not exist.

@@ -71,6 +71,14 @@ void check_fsdp(const RoleListing& role, const FsdpRole& fsdp, const std::set<st
   if (!has(files, "huggingface/config.json")) problems.push_back("no huggingface/config.json");
 }
 
+// NeMo-Automodel: the consolidated model complete; the optimizer's DCP files all there.
+void check_automodel(const RoleListing& role, const AutomodelRole& automodel, const std::set<std::string>& files,
+                     std::vector<std::string>& problems) {
+  if (!automodel.consolidated || !automodel.consolidated->weights_complete)
+    problems.push_back("model/consolidated: no complete HF model");
+  if (automodel.has_optimizer) check_dcp(role, files, "optim", problems);
+}
+
 void check_megatron(const RoleListing& role, const MegatronRole& meg, const std::set<std::string>& files,
                     std::vector<std::string>& problems) {
   if (meg.layout == "v2 manifest") {
@@ -155,6 +163,9 @@ RunInventory build_inventory(const RunListing& listing) {
       if (const auto* fsdp = std::get_if<FsdpRole>(&r.info)) {
         rs.kind = "fsdp";
         check_fsdp(r, *fsdp, files, rs.problems);
+      } else if (const auto* automodel = std::get_if<AutomodelRole>(&r.info)) {
+        rs.kind = "automodel";
+        check_automodel(r, *automodel, files, rs.problems);
       } else {
         rs.kind = "megatron";
         check_megatron(r, std::get<MegatronRole>(r.info), files, rs.problems);
@@ -263,6 +274,7 @@ RoleListing list_role(const std::string& name, const fs::path& role_dir, const L
                       const std::vector<std::string>& step_files) {
   RoleListing role{name, {}, {}, {}};
   if (layout.kind == Kind::FsdpRole) role.info = std::get<FsdpRole>(layout.info);
+  else if (layout.kind == Kind::AutomodelRole) role.info = std::get<AutomodelRole>(layout.info);
   else role.info = std::get<MegatronRole>(layout.info);
   const std::string prefix = name == "." ? "" : name + "/";
   for (const auto& f : step_files)
@@ -325,7 +337,7 @@ RunListing list_run(const std::string& run_root) {
     std::vector<std::string> files;
     walk_step(p, files, s.temp_entries, s.bytes);
     const Layout layout = detect(p.string());
-    if (layout.kind == Kind::FsdpRole || layout.kind == Kind::MegatronRole) {
+    if (layout.kind == Kind::FsdpRole || layout.kind == Kind::MegatronRole || layout.kind == Kind::AutomodelRole) {
       s.roles.push_back(list_role(".", p, layout, files));  // verl's SFT trainer: the step is the role
     } else if (layout.kind == Kind::StepRoot) {
       for (const auto& role : std::get<StepRoot>(layout.info).roles) {

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <deque>
 #include <filesystem>
+#include <functional>
 #include <span>
 
 #include "layouts/fsdp.hpp"
@@ -246,6 +247,42 @@ PlannedMerge plan_fsdp(const MergeRequest& req, const layouts::FsdpRole& role, s
   return out;
 }
 
+// The checkpoint already holds complete HF weights (a bridge's or Automodel's consolidated
+// save): a verified copy through the same pipeline, LoRA tensors left in the weights folded.
+PlannedMerge plan_complete_hf(const MergeRequest& req, const layouts::HfTree& hf, const std::string& role_dir,
+                              const std::function<std::optional<LoraConfig>()>& lora_config_of, std::vector<std::string> notes) {
+  PlannedMerge out;
+  out.role_dir = role_dir;
+  notes.push_back("the checkpoint's HF weights in " + hf.path + " are already complete: nothing to merge, "
+                  "writing a verified copy");
+  out.sources = describe_hf_weights(hf.path);
+  const PeftSplit split = split_peft_names(out.sources);
+  std::optional<LoraConfig> lora_config;
+  if (!split.lora.empty()) lora_config = lora_config_of();
+  finish_plan(out, req, {.split = &split, .lora_config = lora_config, .drop_tied_lm_head = config_ties_embeddings(&hf)},
+              role_dir, &hf, std::move(notes));
+  return out;
+}
+
+// NeMo-Automodel: model/consolidated/ is the HF model the training processes consolidated.
+PlannedMerge plan_automodel(const MergeRequest& req, const layouts::AutomodelRole& role, std::vector<std::string> notes) {
+  if (req.gathered)
+    throw Error("a node-local multi-process merge reads FSDP rank files and Megatron dist_ckpt shards; this "
+                "NeMo-Automodel checkpoint's consolidated HF weights must be merged by one process")
+        .file(req.gathered->view->real_path(role.path));
+  const std::string consolidated = (std::filesystem::path(role.path) / "model" / "consolidated").string();
+  if (!role.consolidated || !role.consolidated->weights_complete)
+    throw Error("NeMo-Automodel checkpoint without complete consolidated HF weights in model/consolidated/ (" +
+                std::to_string(role.shard_files) +
+                " model/shard-*.safetensors files; a save with save_consolidated=False, or one that did not finish): "
+                "shardmerge merges the consolidated model only")
+        .file(role.consolidated && !role.consolidated->missing_shards.empty()
+                  ? consolidated + "/" + role.consolidated->missing_shards.front()
+                  : consolidated);
+  if (!role.consolidated->config_problem.empty()) throw Error(role.consolidated->config_problem);
+  return plan_complete_hf(req, *role.consolidated, role.path, [] { return std::optional<LoraConfig>(); }, std::move(notes));
+}
+
 // Megatron: dist_ckpt (or legacy per-rank files) -> per-layer Megatron names -> HF names.
 PlannedMerge plan_megatron(const MergeRequest& req, const layouts::MegatronRole& role, std::vector<std::string> notes) {
   PlannedMerge out;
@@ -266,15 +303,8 @@ PlannedMerge plan_megatron(const MergeRequest& req, const layouts::MegatronRole&
                       adapter);
       return plan_hf_with_adapter(req, hf->path, adapter, role.path, std::move(notes));
     }
-    notes.push_back("the checkpoint's HF weights in " + hf->path + " are already complete: nothing to merge, "
-                    "writing a verified copy");
-    out.sources = describe_hf_weights(hf->path);
-    const PeftSplit split = split_peft_names(out.sources);
-    std::optional<LoraConfig> lora_config;
-    if (!split.lora.empty()) lora_config = megatron_lora_config(role, hf);
-    finish_plan(out, req, {.split = &split, .lora_config = lora_config, .drop_tied_lm_head = config_ties_embeddings(hf)},
-                role.path, hf, std::move(notes));
-    return out;
+    return plan_complete_hf(req, *hf, role.path, [&] { return std::optional<LoraConfig>(megatron_lora_config(role, hf)); },
+                            std::move(notes));
   }
   const std::optional<layouts::HfTree> given = hf_model_path_tree(req, notes);
   if (given) hf = &*given;
@@ -369,6 +399,8 @@ PlannedMerge plan_merge(const MergeRequest& req) {
     throw Error(std::string("--backend megatron, but this is a ") + layouts::kind_name(layout.kind)).file(role_dir);
   if (fsdp) return plan_fsdp(req, std::get<layouts::FsdpRole>(layout.info), std::move(notes));
   if (megatron) return plan_megatron(req, std::get<layouts::MegatronRole>(layout.info), std::move(notes));
+  if (layout.kind == layouts::Kind::AutomodelRole && req.backend == "auto")
+    return plan_automodel(req, std::get<layouts::AutomodelRole>(layout.info), std::move(notes));
   throw Error("cannot merge " + role_dir + ": " + not_mergeable_reason(layout.kind, role_dir));
 }
 

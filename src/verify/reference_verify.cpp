@@ -446,6 +446,9 @@ ReferenceModel open_reference(const PlannedMerge& pm, std::shared_ptr<ScratchDir
       model.sources = reference_from_megatron_legacy(*megatron, planned_config(pm.plan));
       map_megatron_names(model, planned_config(pm.plan));
     }
+  } else if (const auto* automodel = std::get_if<layouts::AutomodelRole>(&layout.info);
+             automodel && automodel->consolidated && automodel->consolidated->weights_complete) {
+    reference_from_hf(model, automodel->consolidated->path, "");
   } else {
     throw Error(std::string("verify: cannot read a ") + layouts::kind_name(layout.kind) + " independently")
         .file(pm.role_dir);

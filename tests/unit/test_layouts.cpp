@@ -72,6 +72,31 @@ TEST(LayoutDetect, FsdpRoleDirRanksAndConfig) {
   EXPECT_EQ((*f.lora_train_meta)["r"], 8);
 }
 
+// verl's NeMo-Automodel engine: model/shard-*.safetensors, model/consolidated/, optim/; a step
+// root finds it as a role, and a save without the consolidated model is still recognised.
+TEST(LayoutDetect, AutomodelRoleDir) {
+  TempDir d;
+  const fs::path role = d.path() / "global_step_3" / "actor";
+  for (const char* shard : {"shard-00001-model-00001-of-00001.safetensors", "shard-00002-model-00001-of-00001.safetensors"})
+    touch(role / "model" / shard);
+  touch(role / "model" / "consolidated" / "config.json", R"({"architectures": ["LlamaForCausalLM"]})");
+  touch(role / "model" / "consolidated" / "model.safetensors");
+  touch(role / "optim" / ".metadata");
+  Layout l = detect(role.string());
+  ASSERT_EQ(l.kind, Kind::AutomodelRole);
+  const auto& a = std::get<AutomodelRole>(l.info);
+  EXPECT_EQ(a.shard_files, 2);
+  EXPECT_TRUE(a.has_optimizer);
+  ASSERT_TRUE(a.consolidated);
+  EXPECT_TRUE(a.consolidated->weights_complete);
+  EXPECT_EQ(a.consolidated->architecture, "LlamaForCausalLM");
+  EXPECT_EQ(std::get<StepRoot>(detect((d.path() / "global_step_3").string()).info).roles, (std::vector<std::string>{"actor"}));
+  fs::remove_all(role / "model" / "consolidated");
+  l = detect(role.string());
+  ASSERT_EQ(l.kind, Kind::AutomodelRole);
+  EXPECT_FALSE(std::get<AutomodelRole>(l.info).consolidated);
+}
+
 TEST(LayoutDetect, OldCheckpointsTakeTheWorldSizeFromFileNames) {
   TempDir d;
   for (int r = 0; r < 2; ++r) touch(d.path() / rank_file_name("model", 2, r));
