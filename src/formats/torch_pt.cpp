@@ -1,6 +1,9 @@
 #include "formats/torch_pt.hpp"
 
+#include <algorithm>
 #include <exception>
+#include <optional>
+#include <string_view>
 #include <limits>
 #include <unordered_set>
 
@@ -383,6 +386,90 @@ DeviceMeshInfo decode_mesh(const Value& mesh) {
   return info;
 }
 
+// The mesh a sub-mesh was sliced from (torch >= 2.9 pickles it as _root_mesh, with the rank as
+// _rank): its dims and this rank's coordinate in it. The coordinate is the rank's row-major
+// position, as torch numbers a mesh it made (init_device_mesh); a root with other strides or
+// rank order leaves it unknown.
+struct RootMesh {
+  std::vector<int64_t> shape;
+  std::vector<std::string> dim_names;
+  std::optional<std::vector<int64_t>> coordinate;
+};
+
+std::optional<RootMesh> decode_root_mesh(const Value& mesh) {
+  const Value* root = attr(mesh, "_root_mesh");
+  if (!root || root->kind == Kind::None || !class_is(*root, "DeviceMesh")) return std::nullopt;
+  RootMesh out;
+  const DeviceMeshInfo info = decode_mesh(*root);
+  out.shape = info.shape;
+  out.dim_names = info.dim_names;
+  const Value* rank = attr(mesh, "_rank");
+  bool row_major = true;
+  if (const Value* layout = attr(*root, "_layout"); layout && layout->kind == Kind::Object) {
+    int64_t expected = 1;
+    const auto axes = require_attr(*layout, "axes", "_MeshLayout").as_sequence();
+    for (size_t i = axes.size(); i-- > 0;) {
+      const Value& stride = require_attr(*axes[i], "stride", "_FlatLayout");
+      const int64_t s = stride.kind == Kind::Int ? stride.integer : int_tuple(stride, "axis stride").at(0);
+      row_major = row_major && s == expected;
+      expected *= out.shape[i];
+    }
+  }
+  if (const Value* map = attr(*root, "_rank_map"); map && map->kind != Kind::None) {
+    const auto* t = map->native_as<TensorNative>();
+    row_major = row_major && t && t->view.size.size() == 1 && t->view.size[0] == checked_numel(out.shape, "root mesh");
+  }
+  if (rank && rank->kind == Kind::Int && row_major) out.coordinate = DeviceMeshInfo{out.shape, {}, {}}.coordinate_of(rank->integer);
+  return out;
+}
+
+// Extra parallelism (VeOmni's expert parallel): a parameter is first sliced along a tensor dim
+// over one dim of a mesh of its own ((ep_fsdp, ep), ep innermost), then FSDP-sharded over that
+// mesh's other dims, so the DTensor covers one slice, on a sub-mesh without the slicing dim.
+// Root-mesh dims of these names slice these tensor dims; other dims a sub-mesh leaves out hold
+// replicas (a TP sub-mesh's 'dp').
+struct SlicingMeshDim {
+  std::string_view name;
+  int64_t tensor_dim;
+};
+constexpr SlicingMeshDim kSlicingMeshDims[] = {{"ep", 0}};
+
+// The DTensor as the whole tensor sees it: the slicing dim put first (outermost) as Shard.
+void widen_to_slicing_dims(DTensorValue& d, const std::optional<RootMesh>& root) {
+  if (!root || d.mesh.dim_names.empty()) return;
+  for (const SlicingMeshDim& s : kSlicingMeshDims) {
+    const auto in_root = std::find(root->dim_names.begin(), root->dim_names.end(), s.name);
+    if (in_root == root->dim_names.end() ||
+        std::find(d.mesh.dim_names.begin(), d.mesh.dim_names.end(), s.name) != d.mesh.dim_names.end())
+      continue;
+    const auto i = static_cast<size_t>(in_root - root->dim_names.begin());
+    if (!root->coordinate || d.mesh.coordinate.empty())
+      throw decode_error("DTensor on a sub-mesh of a mesh with an '" + std::string(s.name) +
+                         "' dim, but the pickle does not say which slice this rank holds");
+    if (s.tensor_dim >= static_cast<int64_t>(d.global_size.size()))
+      throw decode_error("DTensor sliced over '" + std::string(s.name) + "' has no dim " + std::to_string(s.tensor_dim));
+    d.global_size[static_cast<size_t>(s.tensor_dim)] *= root->shape[i];
+    d.mesh.shape.insert(d.mesh.shape.begin(), root->shape[i]);
+    d.mesh.dim_names.insert(d.mesh.dim_names.begin(), std::string(s.name));
+    d.mesh.coordinate.insert(d.mesh.coordinate.begin(), (*root->coordinate)[i]);
+    Placement slice;
+    slice.kind = PlacementKind::Shard;
+    slice.dim = s.tensor_dim;
+    d.placements.insert(d.placements.begin(), slice);
+    if (!d.shard_order.empty()) {
+      bool listed = false;
+      for (auto& [dim, mesh_dims] : d.shard_order) {
+        for (int64_t& m : mesh_dims) ++m;
+        if (dim == s.tensor_dim) {
+          mesh_dims.insert(mesh_dims.begin(), 0);
+          listed = true;
+        }
+      }
+      if (!listed) d.shard_order.emplace_back(s.tensor_dim, std::vector<int64_t>{0});
+    }
+  }
+}
+
 Placement decode_placement(const Value& p) {
   Placement out;
   auto int_field = [&](std::string_view name, size_t arg_index) -> std::optional<int64_t> {
@@ -425,7 +512,8 @@ DTensorValue decode_dtensor(const TensorNative& wrapper) {
   d.local = as_plain_tensor(require_state_attr(state, "_local_tensor", "DTensor"), "DTensor._local_tensor").view;
   const Value& spec = require_state_attr(state, "_spec", "DTensor");
   if (!class_is(spec, "DTensorSpec")) throw decode_error("DTensor._spec is not a DTensorSpec");
-  d.mesh = decode_mesh(require_attr(spec, "mesh", "DTensorSpec"));
+  const Value& mesh = require_attr(spec, "mesh", "DTensorSpec");
+  d.mesh = decode_mesh(mesh);
   for (const Value* p : require_attr(spec, "placements", "DTensorSpec").as_sequence())
     d.placements.push_back(decode_placement(*p));
   if (d.placements.size() != d.mesh.shape.size())
@@ -445,6 +533,7 @@ DTensorValue decode_dtensor(const TensorNative& wrapper) {
         (p.dim < 0 || p.dim >= static_cast<int64_t>(d.global_size.size())))
       throw decode_error("placement " + p.to_string() + " on a " + std::to_string(d.global_size.size()) + "-dim tensor");
   if (d.local.size.size() != d.global_size.size()) throw decode_error("DTensor local and global ranks differ");
+  widen_to_slicing_dims(d, decode_root_mesh(mesh));
   checked_numel(d.global_size, "DTensor global shape");
   if (d.local.dtype != wrapper.view.dtype)
     throw decode_error("DTensor is " + std::string(dtype_name(wrapper.view.dtype)) + " but its local tensor is " +
