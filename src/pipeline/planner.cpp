@@ -307,6 +307,19 @@ PlannedMerge plan_megatron(const MergeRequest& req, const layouts::MegatronRole&
                             std::move(notes));
   }
   const std::optional<layouts::HfTree> given = hf_model_path_tree(req, notes);
+  // A PEFT save through Megatron-Bridge: model/huggingface/ holds the config and the adapter in
+  // PEFT's format, no base weights (model/dist_ckpt/ has the adapter's Megatron shards).
+  const std::string peft_adapter = hf ? (std::filesystem::path(hf->path) / "adapter").string() : std::string();
+  if (role.model_format == "huggingface" && hf && !hf->weights_complete &&
+      std::filesystem::is_regular_file(std::filesystem::path(peft_adapter) / "adapter_config.json")) {
+    if (!given || !given->weights_complete)
+      throw Error("a Megatron PEFT save: " + hf->path + " holds the LoRA adapter alone (" + peft_adapter +
+                  ", in PEFT's format) and no base weights: pass the base model's HF directory (config.json and "
+                  "model*.safetensors) as --hf_model_path BASE_HF_DIR to fold it into, or use the adapter as it is")
+          .file(role.path);
+    notes.push_back("a Megatron PEFT save: the LoRA adapter in " + peft_adapter + " onto the base weights of " + given->path);
+    return plan_hf_with_adapter(req, given->path, peft_adapter, role.path, std::move(notes));
+  }
   if (given) hf = &*given;
   if (hf && !hf->has_config && !hf->config_problem.empty()) throw Error(hf->config_problem);
   if (!hf || !hf->has_config)

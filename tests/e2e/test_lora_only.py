@@ -155,3 +155,51 @@ def test_inspect_says_how_to_fold(lora_only_fx, fixtures, run, tmp_path):
     fold[fold.index("--target_dir") + 1] = str(tmp_path / "out")
     run(*fold[1:])
     assert len(load_hf(tmp_path / "out")) == len(load_hf(base_dir(fixtures, lora_only_fx)))
+
+
+# ---------------------------------------------------------------------------------------------
+# A Megatron PEFT save: verl's Megatron checkpoint manager with Megatron-Bridge and a PEFT config
+# writes model/huggingface/ with the config, tokenizer and the adapter in PEFT's format
+# (bridge.save_hf_adapter), no base weights, and the adapter's Megatron shards in model/dist_ckpt/.
+# Megatron-Bridge cannot be installed here: the role directory is assembled as verl's manager
+# lays it out (its ckpt_contents.json keys), around an adapter written by real PEFT.
+
+def megatron_peft_role(peft_fx, fixtures, tmp_path):
+    import shutil
+
+    role = tmp_path / "global_step_1" / "actor"
+    hf = role / "model" / "huggingface"
+    base = fixtures / peft_fx["base_dir"]
+    hf.mkdir(parents=True)
+    for f in base.iterdir():
+        if f.is_file() and not f.name.endswith(".safetensors") and f.name != "model.safetensors.index.json":
+            shutil.copy(f, hf / f.name)
+    shutil.copytree(fixtures / peft_fx["adapter_dir"], hf / "adapter")
+    (role / "model" / "dist_ckpt").mkdir()
+    (role / "ckpt_contents.json").write_text(json.dumps({
+        "schema_version": 2, "framework": "megatron", "role": "actor", "global_step": 1, "world_size": 2,
+        "save_contents": ["model"], "backend": {"has_bridge": True, "use_dist_checkpointing": False, "peft": True},
+        "contents": {
+            "model": {"path": "model/huggingface", "format": "huggingface", "backend": "mbridge",
+                      "peft_adapter_path": "model/huggingface/adapter"},
+            "peft_adapters": {"path": "model/dist_ckpt", "format": "megatron_dist_checkpoint",
+                              "note": "PEFT adapter shards sit next to base-model HF weights, under model/dist_ckpt/."}}}))
+    return role
+
+
+def test_megatron_peft_save_folds_onto_the_given_base(peft_fx, fixtures, run, tmp_path):
+    """Folded onto --hf_model_path, it is PEFT's own merge_and_unload (in bf16, within one rounding);
+    without a base, one line that says to pass it, and nothing is written."""
+    if peft_fx["name"] != "peft_qwen2_all_linear_r8":
+        pytest.skip("one adapter is enough")
+    role = megatron_peft_role(peft_fx, fixtures, tmp_path)
+    target = tmp_path / "no-base"
+    proc = run("merge", "--local_dir", role, "--target_dir", target, check=False)
+    errors = error_lines(proc.stderr)
+    assert proc.returncode == 1 and len(errors) == 1 and "--hf_model_path" in errors[0], proc.stderr
+    assert not leftovers(target)
+
+    out = tmp_path / "out"
+    run("merge", "--local_dir", role.parent.parent, "--target_dir", out, "--hf_model_path",
+        fixtures / peft_fx["base_dir"], "--dtype", "bf16", "--verify")
+    assert_within_ulp(load_hf(out), load_st(fixtures / peft_fx["merged_ref_bf16"]), 1, "Megatron PEFT save vs PEFT")
