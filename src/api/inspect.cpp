@@ -54,6 +54,8 @@ std::string merge_command(const std::string& role_dir, const std::string& backen
 
 // The command that merges a role directory of this kind.
 std::string merge_command(const std::string& role_dir, layouts::Kind kind) {
+  if (kind == layouts::Kind::TorchTitan)  // no HF config in it
+    return merge_command(role_dir, "auto") + " --hf_model_path BASE_HF_DIR";
   return merge_command(role_dir, kind == layouts::Kind::MegatronRole    ? "megatron"
                                  : kind == layouts::Kind::AutomodelRole ? "auto"
                                                                         : "fsdp");
@@ -316,6 +318,10 @@ json inspect(const std::string& path, bool with_tensors) {
         const std::string dir = (fs::path(path) / r).string();
         next.push_back(merge_command(dir, layouts::detect(dir).kind));
       }
+      if (step.torchtitan) {
+        j["torchtitan"] = *step.torchtitan;
+        next.push_back(merge_command(*step.torchtitan, layouts::Kind::TorchTitan));
+      }
       break;
     }
     case layouts::Kind::FsdpRole: {
@@ -378,6 +384,14 @@ json inspect(const std::string& path, bool with_tensors) {
         warnings.push_back("no complete consolidated HF model in model/consolidated/ (save_consolidated=False, or the "
                            "save did not finish): shardmerge merges the consolidated model only");
       }
+      break;
+    }
+    case layouts::Kind::TorchTitan: {
+      const auto& titan = std::get<layouts::TorchTitanCheckpoint>(layout.info);
+      if (titan.step) j["step"] = *titan.step;
+      warnings.push_back("TorchTitan checkpoints carry no HF config: merge with --hf_model_path BASE_HF_DIR (the model "
+                         "the run started from)");
+      next.push_back(merge_command(path, layout.kind));
       break;
     }
     case layouts::Kind::HfTree: {

@@ -22,6 +22,7 @@ const char* kind_name(Kind k) {
     case Kind::FsdpRole: return "verl FSDP role directory";
     case Kind::MegatronRole: return "verl Megatron role directory";
     case Kind::AutomodelRole: return "verl NeMo-Automodel role directory";
+    case Kind::TorchTitan: return "TorchTitan DCP checkpoint";
     case Kind::HfTree: return "HuggingFace model directory";
     case Kind::PeftAdapter: return "PEFT adapter directory";
     case Kind::Unknown: return "unknown";
@@ -88,6 +89,23 @@ bool looks_like_automodel(const fs::path& dir) {
   if (!is_dir(dir / "model")) return false;
   const auto files = list_dir(dir / "model");
   return std::any_of(files.begin(), files.end(), [](const fs::path& p) { return is_automodel_shard(p.filename().string()); });
+}
+
+bool is_torchtitan_checkpoint(const fs::path& dir) {
+  return parse_torchtitan_step_dir(dir.filename().string()) && is_file(dir / ".metadata");
+}
+
+// The highest step-N checkpoint in a step directory (TorchTitan keeps its latest k there).
+std::optional<fs::path> torchtitan_checkpoint_in(const fs::path& dir) {
+  std::optional<fs::path> best;
+  std::optional<int64_t> best_step;
+  for (const auto& p : list_dir(dir))
+    if (auto step = parse_torchtitan_step_dir(p.filename().string()); step && is_torchtitan_checkpoint(p) &&
+                                                                     (!best_step || *step > *best_step)) {
+      best = p;
+      best_step = step;
+    }
+  return best;
 }
 
 bool looks_like_role(const fs::path& dir) {
@@ -335,6 +353,9 @@ Layout detect(const std::string& path) {
   } else if (looks_like_automodel(dir)) {
     layout.kind = Kind::AutomodelRole;
     layout.info = read_automodel_role(dir);
+  } else if (is_torchtitan_checkpoint(dir)) {
+    layout.kind = Kind::TorchTitan;
+    layout.info = TorchTitanCheckpoint{path, parse_torchtitan_step_dir(dir.filename().string())};
   } else if (is_file(dir / "adapter_config.json")) {
     layout.kind = Kind::PeftAdapter;
     PeftAdapter a;
@@ -353,10 +374,12 @@ Layout detect(const std::string& path) {
     for (const char* role : kRoleNames)
       if (is_dir(dir / role) && looks_like_role(dir / role)) step.roles.push_back(role);
     step.has_dataloader_state = is_file(dir / "data.pt");
+    if (auto titan = torchtitan_checkpoint_in(dir)) step.torchtitan = titan->string();
     RunRoot run = read_run_root(dir);
-    if (!step.roles.empty() || (step.step && run.steps.empty())) {
+    if (!step.roles.empty() || step.torchtitan || (step.step && run.steps.empty())) {
       layout.kind = Kind::StepRoot;
-      if (step.roles.empty()) layout.warnings.push_back("no role directory (actor, critic, ...) holds a checkpoint");
+      if (step.roles.empty() && !step.torchtitan)
+        layout.warnings.push_back("no role directory (actor, critic, ...) holds a checkpoint");
       layout.info = std::move(step);
     } else if (!run.steps.empty() || run.tracker_step) {
       layout.kind = Kind::RunRoot;
@@ -385,6 +408,11 @@ std::string resolve_role_dir(const std::string& path, const std::string& role, s
   }
   if (layout.kind == Kind::StepRoot) {
     const auto& step = std::get<StepRoot>(layout.info);
+    if (step.torchtitan && std::find(step.roles.begin(), step.roles.end(), role) == step.roles.end()) {
+      // verl's TorchTitan engine saves every role's model into the one step-N checkpoint
+      notes.push_back("step root: using its TorchTitan checkpoint " + *step.torchtitan);
+      return *step.torchtitan;
+    }
     if (std::find(step.roles.begin(), step.roles.end(), role) == step.roles.end()) {
       std::string roles;
       for (const auto& r : step.roles) roles += (roles.empty() ? "" : ", ") + r;

@@ -70,11 +70,20 @@ struct AutomodelRole {
   bool has_optimizer = false;          // optim/.metadata
 };
 
+// What verl's TorchTitan engine saves: TorchTitan's CheckpointManager writes one torch DCP
+// checkpoint, `step-N/` (in the step directory: the engine points its folder there), holding the
+// model under TorchTitan's own names beside the optimizer, scheduler and dataloader states.
+struct TorchTitanCheckpoint {
+  std::string path;  // the step-N directory
+  std::optional<int64_t> step;
+};
+
 struct StepRoot {
   std::string path;
   std::optional<int64_t> step;
   std::vector<std::string> roles;  // role sub-directories that hold a checkpoint
   bool has_dataloader_state = false;
+  std::optional<std::string> torchtitan;  // a TorchTitan step-N checkpoint inside, if any
 };
 
 struct RunRoot {
@@ -84,14 +93,16 @@ struct RunRoot {
   std::string tracker_problem;                         // why the tracker cannot be used
 };
 
-enum class Kind { RunRoot, StepRoot, FsdpRole, MegatronRole, AutomodelRole, HfTree, PeftAdapter, Unknown };
+enum class Kind { RunRoot, StepRoot, FsdpRole, MegatronRole, AutomodelRole, TorchTitan, HfTree, PeftAdapter, Unknown };
 const char* kind_name(Kind k);
 
 struct Layout {
   Kind kind = Kind::Unknown;
   std::string path;
   std::vector<std::string> warnings;
-  std::variant<std::monostate, RunRoot, StepRoot, FsdpRole, MegatronRole, AutomodelRole, HfTree, PeftAdapter> info;
+  std::variant<std::monostate, RunRoot, StepRoot, FsdpRole, MegatronRole, AutomodelRole, TorchTitanCheckpoint, HfTree,
+               PeftAdapter>
+      info;
 };
 
 // Throws a usage Error (exit 2) when the path does not exist.

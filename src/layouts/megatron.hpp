@@ -17,7 +17,7 @@ bool is_training_state(const std::string& fqn);
 
 // Whether a merge reads the items of dist_ckpt tensor `t`: a model weight stored as the model
 // saved it. Training state is left out; so is a weight stored N-D flattened (the distributed
-// optimizer's layout), which combine_megatron_dist then refuses by name.
+// optimizer's layout), which combine_dcp then refuses by name.
 bool merge_reads_items(const DcpMetadata& meta, const DcpTensor& t);
 
 }  // namespace shardmerge::layouts

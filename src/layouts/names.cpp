@@ -63,6 +63,11 @@ std::optional<int64_t> parse_step_dir(const std::string& name) {
   return std::nullopt;
 }
 
+std::optional<int64_t> parse_torchtitan_step_dir(const std::string& name) {
+  if (name.rfind("step-", 0) != 0) return std::nullopt;
+  return parse_decimal(std::string_view(name).substr(5));
+}
+
 std::optional<int64_t> parse_tracker_step(std::string_view text) { return parse_decimal(trim_whitespace(text)); }
 
 }  // namespace shardmerge::layouts

@@ -21,6 +21,8 @@ std::string rank_file_name(const std::string& prefix, int64_t world_size, int64_
 
 // Step directories "global_step_<N>" (and "global_steps_<N>", which some verl versions wrote).
 std::optional<int64_t> parse_step_dir(const std::string& name);
+// TorchTitan's checkpoint directory name, `step-N`: N.
+std::optional<int64_t> parse_torchtitan_step_dir(const std::string& name);
 // latest_checkpointed_iteration.txt: a step number, read as verl reads it with int()
 // (surrounding whitespace allowed).
 std::optional<int64_t> parse_tracker_step(std::string_view text);

@@ -19,9 +19,9 @@ SourceSet describe_fsdp(const layouts::FsdpRole& role, const layouts::GatheredSu
   return combine_fsdp(role, files);
 }
 
-SourceSet describe_megatron_dist(const std::string& dir, const layouts::GatheredSummaries* gathered) {
+SourceSet describe_dcp(const std::string& dir, const layouts::GatheredSummaries* gathered) {
   layouts::check_sharded_backend(dir);
-  if (!gathered) return combine_megatron_dist(layouts::summarise_dcp(dir));
+  if (!gathered) return combine_dcp(layouts::summarise_dcp(dir));
   // The .metadata from the view, the items from the processes holding each .distcp file.
   layouts::DcpSummary dcp = gathered->dcp;
   dcp.metadata = read_dcp_metadata(dir);
@@ -33,7 +33,7 @@ SourceSet describe_megatron_dist(const std::string& dir, const layouts::Gathered
         throw Error("no process holds this file, which .metadata says holds tensor " + t.fqn)
             .file(dcp.metadata.dir + "/" + c.relative_path);
   }
-  return combine_megatron_dist(dcp);
+  return combine_dcp(dcp);
 }
 
 SourceSet describe_megatron_legacy(const layouts::MegatronRole& role, const nlohmann::ordered_json& config) {

@@ -14,10 +14,10 @@ namespace shardmerge {
 // `gathered` (a node-local multi-process merge): the rank files' summaries come from the
 // processes that hold them, and the role is a NodeLocalView's.
 SourceSet describe_fsdp(const layouts::FsdpRole& role, const layouts::GatheredSummaries* gathered = nullptr);
-// Model tensors of a dist_ckpt: metadata.json's backend checked, then the items of every
+// Model tensors of a torch DCP checkpoint (a Megatron dist_ckpt, a TorchTitan step): Megatron's metadata.json backend checked, then the items of every
 // non-training-state chunk summarised (or taken from `gathered`, refusing a chunk whose file no
 // process holds).
-SourceSet describe_megatron_dist(const std::string& dist_ckpt_dir, const layouts::GatheredSummaries* gathered = nullptr);
+SourceSet describe_dcp(const std::string& dist_ckpt_dir, const layouts::GatheredSummaries* gathered = nullptr);
 // `config` is the HF config.json. Directory names are checked before any file is opened.
 SourceSet describe_megatron_legacy(const layouts::MegatronRole& role, const nlohmann::ordered_json& config);
 SourceSet describe_hf_weights(const std::string& dir);

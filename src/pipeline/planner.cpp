@@ -10,6 +10,7 @@
 #include "pipeline/describe.hpp"
 #include "plan/hf_config_check.hpp"
 #include "plan/megatron_names.hpp"
+#include "plan/torchtitan_names.hpp"
 #include "plan/peft_names.hpp"
 #include "util/file.hpp"
 #include "layouts/layout.hpp"
@@ -148,11 +149,12 @@ void check_given_config(const std::optional<layouts::HfTree>& given, const std::
                                  weights);
 }
 
-// Which save-time conversion turns the rank files' run-time names into what the model's
-// save_pretrained writes (nullptr: none). A class the table refuses, or one it does not know
-// whose names look like run-time-only ones, is an error rather than a silent copy.
-const SavedNameRules* fsdp_saved_names(const MergeRequest& req, const layouts::HfTree* hf, const PeftSplit& split,
-                                       std::vector<std::string>& notes) {
+// Which save-time conversion turns transformers' run-time names (FSDP rank files, TorchTitan's
+// experts as mapped) into what the model's save_pretrained writes (nullptr: none). A class the
+// table refuses, or one it does not know whose names look like run-time-only ones, is an error
+// rather than a silent copy.
+const SavedNameRules* runtime_name_rules(const MergeRequest& req, const layouts::HfTree* hf, const PeftSplit& split,
+                                         std::vector<std::string>& notes) {
   if (req.runtime_names) {
     notes.push_back("--keep-runtime-names: tensors keep the rank files' run-time names (transformers >= 5 loads them; "
                     "save_pretrained would write other names for some models)");
@@ -236,7 +238,7 @@ PlannedMerge plan_fsdp(const MergeRequest& req, const layouts::FsdpRole& role, s
     notes.push_back("--tie-word-embedding is ignored for FSDP (as verl's merger does): config.json does not tie the "
                     "embeddings, so a saved lm_head.weight is a trained matrix of its own and is kept");
   if (req.is_value_model) notes.push_back("--is-value-model only changes Megatron merges; FSDP value heads are written as saved");
-  out.saved_names = fsdp_saved_names(req, hf, split, notes);
+  out.saved_names = runtime_name_rules(req, hf, split, notes);
   // An HF base holds saved names already; the LoRA modules keep the rank files' run-time ones.
   finish_plan(out, req,
               {.split = &split,
@@ -281,6 +283,39 @@ PlannedMerge plan_automodel(const MergeRequest& req, const layouts::AutomodelRol
                   : consolidated);
   if (!role.consolidated->config_problem.empty()) throw Error(role.consolidated->config_problem);
   return plan_complete_hf(req, *role.consolidated, role.path, [] { return std::optional<LoraConfig>(); }, std::move(notes));
+}
+
+// TorchTitan (verl's torchtitan engine): one DCP checkpoint under TorchTitan's model names,
+// mapped to HF names as its own state-dict adapter does. It carries no HF config.
+PlannedMerge plan_torchtitan(const MergeRequest& req, const layouts::TorchTitanCheckpoint& titan,
+                             std::vector<std::string> notes) {
+  if (req.gathered)
+    throw Error("a node-local multi-process merge reads FSDP rank files and Megatron dist_ckpt shards; merge this "
+                "TorchTitan checkpoint in one process")
+        .file(req.gathered->view->real_path(titan.path));
+  const std::optional<layouts::HfTree> given = hf_model_path_tree(req, notes);
+  if (!given)
+    throw Error("a TorchTitan checkpoint carries no HuggingFace config: pass the base model's directory (the model "
+                "the run started from) as --hf_model_path")
+        .file(titan.path);
+  PlannedMerge out;
+  out.role_dir = titan.path;
+  SourceSet dcp = describe_dcp(titan.path);
+  HfTensors mapped = map_torchtitan_to_hf(dcp, given->config);
+  out.sources.description = "TorchTitan " + dcp.description;
+  out.sources.files = std::move(dcp.files);
+  out.sources.records = std::move(dcp.records);
+  out.sources.notes = std::move(dcp.notes);
+  out.sources.tensors = std::move(mapped.tensors);
+  notes.insert(notes.end(), mapped.notes.begin(), mapped.notes.end());
+  std::vector<NamedShape> shapes;
+  for (const SourceTensor& t : out.sources.tensors) shapes.emplace_back(t.name, &t.shape);
+  check_given_config(given, shapes, titan.path);
+  PeftSplit split;
+  add_peft_tensors(split, out.sources.tensors, /*saved_adapter=*/false);
+  out.saved_names = runtime_name_rules(req, &*given, split, notes);  // fused experts -> per expert
+  finish_plan(out, req, {.split = &split}, titan.path, &*given, std::move(notes));
+  return out;
 }
 
 // Megatron: dist_ckpt (or legacy per-rank files) -> per-layer Megatron names -> HF names.
@@ -329,7 +364,7 @@ PlannedMerge plan_megatron(const MergeRequest& req, const layouts::MegatronRole&
         .file(role.path);
   SourceSet megatron;
   if (!role.dist_ckpt.empty()) {
-    megatron = describe_megatron_dist(role.dist_ckpt, req.gathered);
+    megatron = describe_dcp(role.dist_ckpt, req.gathered);
   } else if (!role.mp_rank_dirs.empty()) {
     megatron = describe_megatron_legacy(role, hf->config);
   } else {
@@ -414,6 +449,8 @@ PlannedMerge plan_merge(const MergeRequest& req) {
   if (megatron) return plan_megatron(req, std::get<layouts::MegatronRole>(layout.info), std::move(notes));
   if (layout.kind == layouts::Kind::AutomodelRole && req.backend == "auto")
     return plan_automodel(req, std::get<layouts::AutomodelRole>(layout.info), std::move(notes));
+  if (layout.kind == layouts::Kind::TorchTitan && req.backend == "auto")
+    return plan_torchtitan(req, std::get<layouts::TorchTitanCheckpoint>(layout.info), std::move(notes));
   throw Error("cannot merge " + role_dir + ": " + not_mergeable_reason(layout.kind, role_dir));
 }
 

@@ -19,12 +19,13 @@ namespace shardmerge {
 // exactly once is an error naming it (and the missing rank files, if any).
 SourceSet combine_fsdp(const layouts::FsdpRole& role, const std::vector<layouts::RankFileSummary>& ranks);
 
-// A Megatron dist_ckpt (torch_dist / DCP): the global tensors as stored, e.g. the layer-stacked
+// A torch DCP checkpoint (a Megatron dist_ckpt, a TorchTitan step): the global tensors as stored,
+// e.g. Megatron's layer-stacked
 // `decoder.layers.self_attention.linear_qkv.weight` [L, rows, H]; chunks are already in global
 // coordinates, so this is tiling, not TP arithmetic. Optimizer/scheduler/rng keys are left out.
 // A zstd-compressed item becomes a source of its own (SourceFile::compressed) whose decoded
 // bytes are its torch.save archive, up to the end of the storage record.
-SourceSet combine_megatron_dist(const layouts::DcpSummary& summary);
+SourceSet combine_dcp(const layouts::DcpSummary& summary);
 
 // Legacy per-rank `model/mp_rank_*/model.pt`: TP shards re-assembled (column-parallel on dim 0,
 // row-parallel on dim 1, fc1 as [gate_r; up_r] halves, replicated norms), PP/VPP chunks

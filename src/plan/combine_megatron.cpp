@@ -23,7 +23,7 @@ namespace shardmerge {
 // Summaries and roles are layouts' types; the combine step reads them, nothing else.
 using namespace layouts;
 
-SourceSet combine_megatron_dist(const DcpSummary& summary) {
+SourceSet combine_dcp(const DcpSummary& summary) {
   const DcpMetadata& meta = summary.metadata;
   const std::string& dir = meta.dir;
   SourceSet set;
@@ -80,7 +80,7 @@ SourceSet combine_megatron_dist(const DcpSummary& summary) {
       throw Error("DCP chunks do not tile the tensor: " + problem->message).tensor(t.fqn).file(dir);
     set.tensors.push_back(std::move(s));
   }
-  set.description = "Megatron dist_ckpt (torch_dist): " + std::to_string(set.tensors.size()) + " tensors in " +
+  set.description = "torch DCP checkpoint: " + std::to_string(set.tensors.size()) + " tensors in " +
                     std::to_string(chunks) + " chunks across " + std::to_string(set.files.size()) + " file(s)";
   if (skipped) set.notes.push_back(std::to_string(skipped) + " optimizer/scheduler/rng tensors in the tree are ignored");
   if (!meta.bytes_items.empty())

@@ -103,6 +103,7 @@ _SELECTORS = {
     "zoo_lora_only_fx": ("fixtures", lambda f: f["kind"] == "fsdp_zoo_lora_only" and f.get("status") == "ok"),
     "lora_only_fx": ("fixtures", lambda f: f["kind"] == "fsdp_lora_only" and f.get("status") == "ok"),
     "automodel_fx": ("fixtures", lambda f: f["kind"] == "automodel" and f.get("status") == "ok"),
+    "torchtitan_fx": ("fixtures", lambda f: f["kind"] == "torchtitan" and f.get("status") == "ok"),
     "hostile_fx": ("hostile", lambda f: True),
     "hostile_pt_fx": ("hostile", lambda f: f["file"].endswith(".pt")),
     "hostile_st_fx": ("hostile", lambda f: f["file"].endswith(".safetensors")),

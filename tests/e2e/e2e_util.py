@@ -3,6 +3,7 @@ only need the CLI can import this without them."""
 import hashlib
 import json
 import os
+import re
 import struct
 from pathlib import Path
 
@@ -226,3 +227,44 @@ def leftovers(target):
 
 def error_lines(stderr):
     return [line for line in stderr.splitlines() if line.strip()]
+
+
+def files_and_bytes(d):
+    """{file: [(name, dtype, shape, bytes)]} in file order, and the index's weight_map if any."""
+    out = {}
+    for f in hf_weight_files(d):
+        header, meta, data_start = st_header(f)
+        raw = f.read_bytes()
+        rows = []
+        for name, e in sorted(header.items(), key=lambda kv: kv[1]["data_offsets"][0]):
+            a, b = e["data_offsets"]
+            rows.append((name, e["dtype"], e["shape"], raw[data_start + a:data_start + b]))
+        out[f.name] = (meta, rows)
+    index = d / "model.safetensors.index.json"
+    weight_map = json.loads(index.read_text())["weight_map"] if index.exists() else None
+    return out, weight_map
+
+
+def assert_same_hf_files(out, oracle):
+    """The same shard files, index text, headers, tensor order and bytes as `oracle`."""
+    got, got_map = files_and_bytes(out)
+    exp, exp_map = files_and_bytes(oracle)
+    assert sorted(got) == sorted(exp), f"shard files {sorted(got)} vs save_pretrained's {sorted(exp)}"
+    assert got_map == exp_map, "model.safetensors.index.json weight_map differs from save_pretrained's"
+    index = "model.safetensors.index.json"
+    if (out / index).exists():
+        # Byte for byte, but for total_parameters: transformers counts parameters, not the
+        # persistent buffers it also saves (DeepSeek-V3's e_score_correction_bias), which rank
+        # files do not tell apart.
+        def masked(d):
+            return re.sub(r'"total_parameters": \d+', '"total_parameters": N', (d / index).read_text())
+        assert masked(out) == masked(oracle), f"{index} text differs"
+    for f in exp:
+        head = lambda d: (d / f).read_bytes()[:st_header(d / f)[2]]  # noqa: E731
+        assert head(out) == head(oracle), f"{f}: header bytes differ"
+        g_meta, g_rows = got[f]
+        e_meta, e_rows = exp[f]
+        assert g_meta == e_meta, f"{f}: __metadata__ {g_meta} vs {e_meta}"
+        assert [r[:3] for r in g_rows] == [r[:3] for r in e_rows], f"{f}: tensors (name, dtype, shape) differ"
+        bad = [r[0] for r, s in zip(g_rows, e_rows) if r[3] != s[3]]
+        assert not bad, f"{f}: bytes differ for {bad[:5]}"

@@ -4,60 +4,18 @@ files (shards and index), tensor names, order, shapes, dtypes and bytes. The ora
 saved_pretrained/ in each zoo fixture, written by transformers itself (tests/fixtures/fx_fsdp.py),
 not by shardmerge's name table."""
 import json
-import re
 
 import pytest
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("safetensors")
 
-from e2e_util import hf_weight_files, st_header  # noqa: E402
+from e2e_util import assert_same_hf_files, hf_weight_files, st_header  # noqa: E402
 
 
 def merge_like_oracle(merged, fx, *extra):
     # save_pretrained wrote fp32 (the models are fp32) sharded at 60KB
     return merged(fx, "--dtype", "fp32", "--max-shard-size", "60KB", *extra)
-
-
-def files_and_bytes(d):
-    """{file: [(name, dtype, shape, bytes)]} in file order, and the index's weight_map if any."""
-    out = {}
-    for f in hf_weight_files(d):
-        header, meta, data_start = st_header(f)
-        raw = f.read_bytes()
-        rows = []
-        for name, e in sorted(header.items(), key=lambda kv: kv[1]["data_offsets"][0]):
-            a, b = e["data_offsets"]
-            rows.append((name, e["dtype"], e["shape"], raw[data_start + a:data_start + b]))
-        out[f.name] = (meta, rows)
-    index = d / "model.safetensors.index.json"
-    weight_map = json.loads(index.read_text())["weight_map"] if index.exists() else None
-    return out, weight_map
-
-
-def assert_same_hf_files(out, oracle):
-    """The same shard files, index text, headers, tensor order and bytes as `oracle`."""
-    got, got_map = files_and_bytes(out)
-    exp, exp_map = files_and_bytes(oracle)
-    assert sorted(got) == sorted(exp), f"shard files {sorted(got)} vs save_pretrained's {sorted(exp)}"
-    assert got_map == exp_map, "model.safetensors.index.json weight_map differs from save_pretrained's"
-    index = "model.safetensors.index.json"
-    if (out / index).exists():
-        # Byte for byte, but for total_parameters: transformers counts parameters, not the
-        # persistent buffers it also saves (DeepSeek-V3's e_score_correction_bias), which rank
-        # files do not tell apart.
-        def masked(d):
-            return re.sub(r'"total_parameters": \d+', '"total_parameters": N', (d / index).read_text())
-        assert masked(out) == masked(oracle), f"{index} text differs"
-    for f in exp:
-        head = lambda d: (d / f).read_bytes()[:st_header(d / f)[2]]  # noqa: E731
-        assert head(out) == head(oracle), f"{f}: header bytes differ"
-        g_meta, g_rows = got[f]
-        e_meta, e_rows = exp[f]
-        assert g_meta == e_meta, f"{f}: __metadata__ {g_meta} vs {e_meta}"
-        assert [r[:3] for r in g_rows] == [r[:3] for r in e_rows], f"{f}: tensors (name, dtype, shape) differ"
-        bad = [r[0] for r, s in zip(g_rows, e_rows) if r[3] != s[3]]
-        assert not bad, f"{f}: bytes differ for {bad[:5]}"
 
 
 def test_merge_equals_save_pretrained(zoo_fx, fixtures, merged):

@@ -273,7 +273,7 @@ DcpSummary two_chunk_dcp(std::vector<std::string> second_transforms) {
 }
 
 TEST(CombineMegatronDist, ACompressedItemIsASourceOfItsOwnAddressingItsDecodedArchive) {
-  const SourceSet set = combine_megatron_dist(two_chunk_dcp({"stream.zstd/1"}));
+  const SourceSet set = combine_dcp(two_chunk_dcp({"stream.zstd/1"}));
   ASSERT_EQ(set.files.size(), 2u);
   EXPECT_EQ(set.files[0].path, "/ckpt/actor/dist_ckpt/__0_0.distcp");
   EXPECT_EQ(set.files[0].size, 2000u);
@@ -299,19 +299,19 @@ TEST(CombineMegatronDist, ACompressedItemWhoseHeadGivesItsStorageCrcNeedsOnlyThe
   auto& item = s.compressed_items.at({"__1_0.distcp", 40});
   item.record.crc32 = 0xdef;
   item.crc32_at.reset();
-  const SourceSet set = combine_megatron_dist(s);
+  const SourceSet set = combine_dcp(s);
   EXPECT_EQ(set.files[1].compressed, (CompressedItem{"zstd", 40, 50, 720}));
   ASSERT_EQ(set.records.size(), 2u);
   EXPECT_EQ(set.records[1], (RecordCheck{1, 704, 16, 0xdef, "archive/data/0", "decoder.w"}));
 }
 
 TEST(CombineMegatronDist, UnknownTransformsAndItemsPastTheFileAreRefused) {
-  std::string msg = error_of([] { combine_megatron_dist(two_chunk_dcp({"stream.lz4/1"})); });
+  std::string msg = error_of([] { combine_dcp(two_chunk_dcp({"stream.lz4/1"})); });
   EXPECT_NE(msg.find("storage transform 'stream.lz4/1'"), std::string::npos) << msg;
   EXPECT_NE(msg.find("decoder.w"), std::string::npos) << msg;
   DcpSummary s = two_chunk_dcp({"stream.zstd/1"});
   s.data_files["__1_0.distcp"].size = 89;  // the item is [40, 90)
-  msg = error_of([&] { combine_megatron_dist(s); });
+  msg = error_of([&] { combine_dcp(s); });
   EXPECT_NE(msg.find("runs past the end of the file"), std::string::npos) << msg;
   EXPECT_NE(msg.find("__1_0.distcp"), std::string::npos) << msg;
 }
