@@ -40,11 +40,11 @@ void check_dcp(const RoleListing& role, const std::set<std::string>& files, cons
   }
   std::vector<std::string> missing;
   for (const auto& f : it->files)
-    if (!has(files, dir + "/" + f)) missing.push_back(f);
+    if (!has(files, dir.empty() ? f : dir + "/" + f)) missing.push_back(f);
   if (!missing.empty()) {
     std::string names;
     for (const auto& m : missing) names += (names.empty() ? "" : ", ") + m;
-    problems.push_back(dir + ": files named by .metadata missing: " + names);
+    problems.push_back((dir.empty() ? std::string(".metadata") : dir) + ": files named by .metadata missing: " + names);
   }
 }
 
@@ -166,6 +166,9 @@ RunInventory build_inventory(const RunListing& listing) {
       } else if (const auto* automodel = std::get_if<AutomodelRole>(&r.info)) {
         rs.kind = "automodel";
         check_automodel(r, *automodel, files, rs.problems);
+      } else if (std::holds_alternative<TorchTitanCheckpoint>(r.info)) {
+        rs.kind = "torchtitan";
+        check_dcp(r, files, "", rs.problems);  // the step-N directory is one DCP checkpoint
       } else {
         rs.kind = "megatron";
         check_megatron(r, std::get<MegatronRole>(r.info), files, rs.problems);
@@ -275,6 +278,7 @@ RoleListing list_role(const std::string& name, const fs::path& role_dir, const L
   RoleListing role{name, {}, {}, {}};
   if (layout.kind == Kind::FsdpRole) role.info = std::get<FsdpRole>(layout.info);
   else if (layout.kind == Kind::AutomodelRole) role.info = std::get<AutomodelRole>(layout.info);
+  else if (layout.kind == Kind::TorchTitan) role.info = std::get<TorchTitanCheckpoint>(layout.info);
   else role.info = std::get<MegatronRole>(layout.info);
   const std::string prefix = name == "." ? "" : name + "/";
   for (const auto& f : step_files)
@@ -340,10 +344,15 @@ RunListing list_run(const std::string& run_root) {
     if (layout.kind == Kind::FsdpRole || layout.kind == Kind::MegatronRole || layout.kind == Kind::AutomodelRole) {
       s.roles.push_back(list_role(".", p, layout, files));  // verl's SFT trainer: the step is the role
     } else if (layout.kind == Kind::StepRoot) {
-      for (const auto& role : std::get<StepRoot>(layout.info).roles) {
+      const StepRoot& step = std::get<StepRoot>(layout.info);
+      for (const auto& role : step.roles) {
         const fs::path role_dir = p / role;
         if (fs::is_symlink(fs::symlink_status(role_dir, ec))) continue;  // never followed out of the step
         s.roles.push_back(list_role(role, role_dir, detect(role_dir.string()), files));
+      }
+      if (step.torchtitan) {  // verl's TorchTitan engine: every role's model in one step-N checkpoint
+        const fs::path titan(*step.torchtitan);
+        s.roles.push_back(list_role(titan.filename().string(), titan, detect(titan.string()), files));
       }
     }
     listing.steps.push_back(std::move(s));

@@ -24,7 +24,7 @@ struct DcpRefs {
 
 struct RoleListing {
   std::string name;  // "actor", "critic", ...; "." when the step dir is itself the role dir (SFT)
-  std::variant<FsdpRole, MegatronRole, AutomodelRole> info;  // as detect() reads it
+  std::variant<FsdpRole, MegatronRole, AutomodelRole, TorchTitanCheckpoint> info;  // as detect() reads it
   std::vector<std::string> files;  // regular files under the role dir, relative to it ('/'-separated)
   std::vector<DcpRefs> dcp;        // one per `.metadata` under the role dir
 };

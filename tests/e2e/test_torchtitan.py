@@ -57,3 +57,18 @@ def test_needs_the_base_config_and_says_so(torchtitan_fx, fixtures, run, tmp_pat
     assert info["resolves_to"].endswith("/step-3") and "--hf_model_path" in info["next"][0]
     step = json.loads(run("inspect", fixtures / info["resolves_to"], "--json").stdout)
     assert step["kind"] == "TorchTitan DCP checkpoint" and step["step"] == 3
+
+
+def test_ls_sees_a_complete_step(torchtitan_fx, fixtures, run, tmp_path):
+    """ls (and so prune) count the step-N checkpoint as the step's model; one missing .distcp
+    file makes the step incomplete."""
+    import shutil
+
+    listing = json.loads(run("ls", fixtures / torchtitan_fx["run_root"], "--json").stdout)
+    step = listing["steps"][0]
+    assert step["complete"] and step["roles"][0]["kind"] == "torchtitan", listing
+    root = tmp_path / "run"
+    shutil.copytree(fixtures / torchtitan_fx["run_root"], root)
+    next((root / "global_step_3" / "step-3").glob("__1_*.distcp")).unlink()
+    step = json.loads(run("ls", root, "--json", check=False).stdout)["steps"][0]
+    assert not step["complete"] and "__1_0.distcp" in " ".join(step["problems"])
