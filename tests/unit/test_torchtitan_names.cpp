@@ -1,5 +1,5 @@
 // TorchTitan -> HF names on synthetic descriptions: renames, Llama's rotary row order, grouped
-// experts split per expert in HF's order, TorchTitan-only state left out, unknown keys. No file
+// experts fused as transformers holds them, TorchTitan-only state left out, unknown keys. No file
 // is opened: the checks look at where each HF tensor's pieces point in the imaginary file.
 #include <gtest/gtest.h>
 
@@ -53,7 +53,9 @@ TEST(TorchTitanNames, LlamaRotaryRowsAndRenames) {
                                              "model.layers.0.mlp.gate_proj.weight", "model.norm.weight", "lm_head.weight"}));
 }
 
-TEST(TorchTitanNames, QwenMoeExpertsPerExpertAndTiedHead) {
+TEST(TorchTitanNames, QwenMoeExpertsFusedAsTransformersHoldsThemAndTiedHead) {
+  // Grouped experts become transformers' run-time fused tensors (the saved-names step then
+  // writes them per expert): gate_up_proj [E, 2I, H] = w1 then w3 along dim 1, down_proj = w2.
   const nlohmann::ordered_json config = {{"model_type", "qwen3_moe"}, {"num_attention_heads", 2},
                                          {"num_key_value_heads", 2}, {"tie_word_embeddings", true}};
   SourceSet set;
@@ -65,15 +67,18 @@ TEST(TorchTitanNames, QwenMoeExpertsPerExpertAndTiedHead) {
   const HfTensors m = map_torchtitan_to_hf(set, config);
   std::vector<std::string> names;
   for (const auto& t : m.tensors) names.push_back(t.name);
-  EXPECT_EQ(names, (std::vector<std::string>{
-                       "model.embed_tokens.weight", "model.layers.0.mlp.gate.weight",
-                       "model.layers.0.mlp.experts.0.gate_proj.weight", "model.layers.0.mlp.experts.0.up_proj.weight",
-                       "model.layers.0.mlp.experts.0.down_proj.weight", "model.layers.0.mlp.experts.1.gate_proj.weight",
-                       "model.layers.0.mlp.experts.1.up_proj.weight", "model.layers.0.mlp.experts.1.down_proj.weight"}));
-  const SourceTensor& down1 = find(m, "model.layers.0.mlp.experts.1.down_proj.weight");
-  EXPECT_EQ(down1.shape, (std::vector<int64_t>{8, 3}));
-  EXPECT_EQ(down1.pieces.at(0).offset, 8u * 3 * 2);  // expert 1 of [2, 8, 3] bf16
-  EXPECT_EQ(m.notes.size(), 2u);                     // the tied head; the load-balancing bias
+  EXPECT_EQ(names, (std::vector<std::string>{"model.embed_tokens.weight", "model.layers.0.mlp.gate.weight",
+                                             "model.layers.0.mlp.experts.gate_up_proj",
+                                             "model.layers.0.mlp.experts.down_proj"}));
+  const SourceTensor& gate_up = find(m, "model.layers.0.mlp.experts.gate_up_proj");
+  EXPECT_EQ(gate_up.shape, (std::vector<int64_t>{2, 6, 8}));
+  ASSERT_EQ(gate_up.pieces.size(), 2u);
+  EXPECT_EQ(gate_up.pieces[0].offset, 1000u);  // w1 at rows [0, 3) of every expert
+  EXPECT_EQ(gate_up.pieces[0].start, (std::vector<int64_t>{0, 0, 0}));
+  EXPECT_EQ(gate_up.pieces[1].offset, 2000u);  // w3 at rows [3, 6)
+  EXPECT_EQ(gate_up.pieces[1].start, (std::vector<int64_t>{0, 3, 0}));
+  EXPECT_EQ(find(m, "model.layers.0.mlp.experts.down_proj").shape, (std::vector<int64_t>{2, 8, 3}));
+  EXPECT_EQ(m.notes.size(), 2u);  // the tied head; the load-balancing bias
 }
 
 TEST(TorchTitanNames, UnknownKeysAndModelTypesAreErrors) {
