@@ -225,16 +225,35 @@ class Mapper {
   std::vector<std::string> notes_;
 };
 
+const Family& family_of(const nlohmann::ordered_json& text) {
+  const std::string model_type = text.value("model_type", std::string());
+  for (const Family& f : kFamilies)
+    if (f.model_type == model_type) return f;
+  std::string known;
+  for (const Family& f : kFamilies) known += (known.empty() ? "" : ", ") + std::string(f.model_type);
+  throw Error("TorchTitan checkpoint of model_type '" + model_type + "': shardmerge maps " + known + " only");
+}
+
 }  // namespace
 
 HfTensors map_torchtitan_to_hf(const SourceSet& titan, const nlohmann::ordered_json& config) {
   const nlohmann::ordered_json& text = hf_text_config(config);
-  const std::string model_type = text.value("model_type", std::string());
-  for (const Family& f : kFamilies)
-    if (f.model_type == model_type) return Mapper(f, text).run(titan);
-  std::string known;
-  for (const Family& f : kFamilies) known += (known.empty() ? "" : ", ") + std::string(f.model_type);
-  throw Error("TorchTitan checkpoint of model_type '" + model_type + "': shardmerge maps " + known + " only");
+  return Mapper(family_of(text), text).run(titan);
+}
+
+std::vector<TorchTitanNameRule> torchtitan_name_rules(const nlohmann::ordered_json& config) {
+  using Exported = TorchTitanNameRule::Op;
+  std::vector<TorchTitanNameRule> out;
+  for (const TitanRule& r : family_of(hf_text_config(config)).rules) {
+    const Exported op = r.op == Op::QRows ? Exported::QRows
+                        : r.op == Op::KRows ? Exported::KRows
+                        : r.op == Op::Gate  ? Exported::Gate
+                        : r.op == Op::Up    ? Exported::Up
+                        : r.op == Op::Drop  ? Exported::Drop
+                                            : Exported::Copy;
+    out.push_back({op, std::string(r.titan), std::string(r.hf), r.layer});
+  }
+  return out;
 }
 
 }  // namespace shardmerge

@@ -19,4 +19,15 @@ namespace shardmerge {
 // that list them.
 HfTensors map_torchtitan_to_hf(const SourceSet& titan, const nlohmann::ordered_json& config);
 
+// One row of a family's table, for readers that map names on their own (verify): `titan` and
+// `hf` after "layers.<l>." / "model.layers.<l>." when `layer`, whole names otherwise.
+struct TorchTitanNameRule {
+  enum class Op { Copy, QRows, KRows, Gate, Up, Drop } op = Op::Copy;
+  std::string titan;
+  std::string hf;
+  bool layer = true;
+};
+// The rows for the config's model_type; throws for a model type without a table.
+std::vector<TorchTitanNameRule> torchtitan_name_rules(const nlohmann::ordered_json& config);
+
 }  // namespace shardmerge

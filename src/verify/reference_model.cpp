@@ -6,6 +6,7 @@
 
 #include "plan/megatron_names.hpp"
 #include "plan/peft_names.hpp"
+#include "plan/torchtitan_names.hpp"
 #include "shardmerge/error.hpp"
 #include "util/json_fields.hpp"
 #include "util/shape.hpp"
@@ -280,6 +281,52 @@ void map_saved_names(ReferenceModel& model, const SavedNameRules& rules) {
 
 void map_megatron_names(ReferenceModel& model, const nlohmann::ordered_json& config) {
   MegatronMapper(model, config).run();
+}
+
+void map_torchtitan_names(ReferenceModel& model, const nlohmann::ordered_json& config, const SavedNameRules* rules) {
+  using Op = TorchTitanNameRule::Op;
+  const nlohmann::ordered_json& text = hf_text_config(config);
+  const int64_t heads = text.value("num_attention_heads", int64_t{1});
+  const int64_t kv_heads = text.value("num_key_value_heads", heads);
+  const bool tied = text.value("tie_word_embeddings", false);
+  const std::vector<TorchTitanNameRule> table = torchtitan_name_rules(config);
+  for (const ReferenceTensor& t : model.sources.tensors) {
+    std::string rest = t.name, prefix;
+    if (t.name.rfind("layers.", 0) == 0) {
+      const size_t dot = t.name.find('.', 7);
+      if (dot != std::string::npos && parse_decimal(std::string_view(t.name).substr(7, dot - 7))) {
+        prefix = "model.layers." + t.name.substr(7, dot - 7) + ".";
+        rest = t.name.substr(dot + 1);
+      }
+    }
+    const TorchTitanNameRule* rule = nullptr;
+    for (const auto& r : table)
+      if (r.layer == !prefix.empty() && r.titan == rest) rule = &r;
+    if (!rule || rule->op == Op::Drop || (tied && rule->hf == "lm_head.weight")) continue;
+    const std::string hf = prefix + rule->hf;
+    SourceMap m = whole(t);
+    if (rule->op == Op::QRows || rule->op == Op::KRows) {
+      // HF row o of head h is (half j, pair i): TorchTitan's row 2i + j of that head.
+      const int64_t d = t.shape.at(0) / (rule->op == Op::QRows ? heads : kv_heads), half = d / 2;
+      m.row = [d, half](int64_t o) { return o / d * d + 2 * (o % d % half) + o % d / half; };
+    }
+    if (rule->op != Op::Gate && rule->op != Op::Up) {
+      model.weights[hf] = std::move(m);
+      continue;
+    }
+    // grouped experts [E, I, H]: part 0 (gate) or 1 (up) of each expert's saved pair
+    std::vector<int64_t> fused = t.shape;
+    fused.at(1) *= 2;
+    const int64_t part = rule->op == Op::Gate ? 0 : 1;
+    if (!rules) continue;  // fused output (--keep-runtime-names): not mapped, reported as sourceless
+    for (const SavedPart& p : saved_parts(*rules, hf, fused)) {
+      if (p.start.at(1) / t.shape.at(1) != part) continue;
+      SourceMap e = m;
+      e.lead = {p.start.at(0)};
+      e.shape.assign(t.shape.begin() + 1, t.shape.end());
+      model.weights[p.name] = std::move(e);
+    }
+  }
 }
 
 }  // namespace shardmerge

@@ -51,4 +51,10 @@ void map_saved_names(ReferenceModel& model, const SavedNameRules& rules);
 // Megatron names (stacked or per layer) to HF names, with `config` the HF config.json.
 void map_megatron_names(ReferenceModel& model, const nlohmann::ordered_json& config);
 
+// TorchTitan names to HF names (plan/torchtitan_names' table; Llama's q/k rotary rows as an
+// index formula written here). Grouped w1/w3 map straight to the saved per-expert names `rules`
+// gives for transformers' fused gate_up_proj (w1 -> the gate part, w3 -> up); the rest keep
+// run-time names for map_saved_names.
+void map_torchtitan_names(ReferenceModel& model, const nlohmann::ordered_json& config, const SavedNameRules* rules);
+
 }  // namespace shardmerge

@@ -449,6 +449,11 @@ ReferenceModel open_reference(const PlannedMerge& pm, std::shared_ptr<ScratchDir
       model.sources = reference_from_megatron_legacy(*megatron, planned_config(pm.plan));
       map_megatron_names(model, planned_config(pm.plan));
     }
+  } else if (const auto* titan = std::get_if<layouts::TorchTitanCheckpoint>(&layout.info)) {
+    scratch = std::make_shared<ScratchDir>();
+    model.sources = reference_from_dcp(titan->path, scratch->path());
+    map_torchtitan_names(model, planned_config(pm.plan), pm.saved_names);
+    if (pm.saved_names) map_saved_names(model, *pm.saved_names);
   } else if (const auto* automodel = std::get_if<layouts::AutomodelRole>(&layout.info);
              automodel && automodel->consolidated && automodel->consolidated->weights_complete) {
     reference_from_hf(model, automodel->consolidated->path, "");

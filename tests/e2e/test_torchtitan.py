@@ -10,7 +10,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("safetensors")
 
-from e2e_util import assert_same_hf_files, error_lines, hf_weight_files, leftovers  # noqa: E402
+from e2e_util import assert_same_hf_files, error_lines, hf_weight_files, leftovers, st_header  # noqa: E402
 
 
 def merge(fx, fixtures, run, out, *extra):
@@ -32,6 +32,29 @@ def test_merge_is_torchtitans_own_to_hf(torchtitan_fx, fixtures, run, tmp_path):
     assert not bad, f"differ from TorchTitan's to_hf: {bad[:5]}"
     # the same files, index, order and bytes as the class's own save_pretrained of it
     assert_same_hf_files(out, fixtures / torchtitan_fx["saved_pretrained"])
+
+
+def test_verify_reads_it_independently(torchtitan_fx, fixtures, run, tmp_path):
+    """verify (its own index formulas for the rotary rows and the experts) accepts the merge and
+    rejects one flipped element of a q_proj (reordered) or an expert (split) tensor."""
+    import shutil
+
+    out = merge(torchtitan_fx, fixtures, run, tmp_path / "out", "--verify")
+    args = ("verify", "--local_dir", fixtures / torchtitan_fx["run_root"], "--hf_model_path", fixtures / torchtitan_fx["base"],
+            "--dtype", "fp32")
+    run(*args, "--test_hf_dir", out)
+    victim = "model.layers.1.mlp.experts.3.up_proj.weight" if "moe" in torchtitan_fx["model"] else \
+        "model.layers.1.self_attn.q_proj.weight"
+    bad = tmp_path / "flipped"
+    shutil.copytree(out, bad)
+    for f in hf_weight_files(bad):
+        header, _, data_start = st_header(f)
+        if victim in header:
+            raw = bytearray(f.read_bytes())
+            raw[data_start + header[victim]["data_offsets"][0] + 6] ^= 0x40
+            f.write_bytes(bytes(raw))
+    proc = run(*args, "--test_hf_dir", bad, check=False)
+    assert proc.returncode == 1 and victim in proc.stdout + proc.stderr, (proc.stdout, proc.stderr)
 
 
 def test_transformers_loads_it_with_the_oracles_logits(torchtitan_fx, fixtures, run, tmp_path):
