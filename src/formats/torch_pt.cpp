@@ -2,9 +2,9 @@
 
 #include <algorithm>
 #include <exception>
+#include <limits>
 #include <optional>
 #include <string_view>
-#include <limits>
 #include <unordered_set>
 
 #include "formats/zip.hpp"
@@ -419,7 +419,9 @@ std::optional<RootMesh> decode_root_mesh(const Value& mesh) {
     const auto* t = map->native_as<TensorNative>();
     row_major = row_major && t && t->view.size.size() == 1 && t->view.size[0] == checked_numel(out.shape, "root mesh");
   }
-  if (rank && rank->kind == Kind::Int && row_major) out.coordinate = DeviceMeshInfo{out.shape, {}, {}}.coordinate_of(rank->integer);
+  if (rank && rank->kind == Kind::Int && row_major && rank->integer >= 0 &&
+      rank->integer < checked_numel(out.shape, "root mesh"))
+    out.coordinate = DeviceMeshInfo{out.shape, {}, {}}.coordinate_of(rank->integer);
   return out;
 }
 
@@ -448,7 +450,9 @@ void widen_to_slicing_dims(DTensorValue& d, const std::optional<RootMesh>& root)
                          "' dim, but the pickle does not say which slice this rank holds");
     if (s.tensor_dim >= static_cast<int64_t>(d.global_size.size()))
       throw decode_error("DTensor sliced over '" + std::string(s.name) + "' has no dim " + std::to_string(s.tensor_dim));
-    d.global_size[static_cast<size_t>(s.tensor_dim)] *= root->shape[i];
+    int64_t& extent = d.global_size[static_cast<size_t>(s.tensor_dim)];
+    if (__builtin_mul_overflow(extent, root->shape[i], &extent))
+      throw decode_error("DTensor sliced over '" + std::string(s.name) + "' is larger than 2^63 elements");
     d.mesh.shape.insert(d.mesh.shape.begin(), root->shape[i]);
     d.mesh.dim_names.insert(d.mesh.dim_names.begin(), std::string(s.name));
     d.mesh.coordinate.insert(d.mesh.coordinate.begin(), (*root->coordinate)[i]);
