@@ -77,6 +77,9 @@ constexpr TitanRule kQwen3[] = {
     {"moe.routed_experts.inner_experts.w1_EFD", "mlp.experts.gate_up_proj", Op::Gate},
     {"moe.routed_experts.inner_experts.w3_EFD", "mlp.experts.gate_up_proj", Op::Up},
     {"moe.routed_experts.inner_experts.w2_EDF", "mlp.experts.down_proj"},
+    {"moe.experts.w1", "mlp.experts.gate_up_proj", Op::Gate},  // 0.2: the same [E, I, H] layouts
+    {"moe.experts.w3", "mlp.experts.gate_up_proj", Op::Up},
+    {"moe.experts.w2", "mlp.experts.down_proj"},
     {"moe.expert_bias_E", "", Op::Drop},  // its auxiliary-loss-free load balancing bias
     {"moe.expert_bias", "", Op::Drop},
     {"moe.tokens_per_expert", "", Op::Drop},

@@ -79,6 +79,15 @@ TEST(TorchTitanNames, QwenMoeExpertsFusedAsTransformersHoldsThemAndTiedHead) {
   EXPECT_EQ(gate_up.pieces[1].start, (std::vector<int64_t>{0, 3, 0}));
   EXPECT_EQ(find(m, "model.layers.0.mlp.experts.down_proj").shape, (std::vector<int64_t>{2, 8, 3}));
   EXPECT_EQ(m.notes.size(), 2u);  // the tied head; the load-balancing bias
+
+  // TorchTitan 0.2's names for the same layouts
+  SourceSet v02;
+  v02.tensors = {stored("layers.0.moe.experts.w1", {2, 3, 8}, 1000), stored("layers.0.moe.experts.w3", {2, 3, 8}, 2000),
+                 stored("layers.0.moe.experts.w2", {2, 8, 3}, 0), stored("layers.0.moe.tokens_per_expert", {2}, 4000)};
+  const HfTensors old = map_torchtitan_to_hf(v02, config);
+  ASSERT_EQ(old.tensors.size(), 2u);
+  EXPECT_EQ(old.tensors[0].name, "model.layers.0.mlp.experts.gate_up_proj");
+  EXPECT_EQ(old.tensors[0].pieces.at(1).offset, 2000u);
 }
 
 TEST(TorchTitanNames, UnknownKeysAndModelTypesAreErrors) {
