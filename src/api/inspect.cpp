@@ -362,10 +362,8 @@ json inspect(const std::string& path, bool with_tensors) {
       if (role.huggingface && role.huggingface->weights_complete)
         warnings.push_back("the HF weights are already complete in " + role.huggingface->path +
                            ": nothing needs merging (copy that directory)");
-      const bool peft_save = role.model_format == "huggingface" && role.huggingface && !role.huggingface->weights_complete &&
-                             fs::is_regular_file(fs::path(role.huggingface->path) / "adapter" / "adapter_config.json");
-      if (peft_save) {
-        warnings.push_back("a PEFT save: " + role.huggingface->path + "/adapter holds the LoRA adapter alone, no base weights");
+      if (role.adapter_only()) {
+        warnings.push_back("a PEFT save: " + role.peft_adapter + " holds the LoRA adapter alone, no base weights");
         next.push_back(merge_command(path, "megatron") + " --hf_model_path BASE_HF_DIR   # fold into the base");
       } else {
         next.push_back(merge_command(path, "megatron"));

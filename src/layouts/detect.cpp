@@ -80,8 +80,7 @@ bool looks_like_megatron(const fs::path& dir) {
 }
 
 bool is_automodel_shard(const std::string& name) {
-  return name.rfind("shard-", 0) == 0 && name.find("-model-") != std::string::npos &&
-         name.size() > 12 && name.compare(name.size() - 12, 12, ".safetensors") == 0;
+  return name.starts_with("shard-") && name.find("-model-") != std::string::npos && name.ends_with(".safetensors");
 }
 
 bool looks_like_automodel(const fs::path& dir) {
@@ -100,8 +99,8 @@ std::optional<fs::path> torchtitan_checkpoint_in(const fs::path& dir) {
   std::optional<fs::path> best;
   std::optional<int64_t> best_step;
   for (const auto& p : list_dir(dir))
-    if (auto step = parse_torchtitan_step_dir(p.filename().string()); step && is_torchtitan_checkpoint(p) &&
-                                                                     (!best_step || *step > *best_step)) {
+    if (auto step = parse_torchtitan_step_dir(p.filename().string());
+        step && is_file(p / ".metadata") && (!best_step || *step > *best_step)) {
       best = p;
       best_step = step;
     }
@@ -246,6 +245,8 @@ MegatronRole read_megatron_role(const fs::path& dir, std::vector<std::string>& w
   for (const auto& d : list_mp_rank_dirs(dir / "model")) role.mp_rank_dirs.push_back(d);
   if (role.huggingface && role.huggingface->weights_complete && role.model_format.empty())
     role.model_format = "huggingface";
+  if (role.huggingface && is_file(fs::path(role.huggingface->path) / "adapter" / "adapter_config.json"))
+    role.peft_adapter = (fs::path(role.huggingface->path) / "adapter").string();
   return role;
 }
 
@@ -408,12 +409,13 @@ std::string resolve_role_dir(const std::string& path, const std::string& role, s
   }
   if (layout.kind == Kind::StepRoot) {
     const auto& step = std::get<StepRoot>(layout.info);
-    if (step.torchtitan && std::find(step.roles.begin(), step.roles.end(), role) == step.roles.end()) {
+    const bool has_role = std::find(step.roles.begin(), step.roles.end(), role) != step.roles.end();
+    if (!has_role && step.torchtitan) {
       // verl's TorchTitan engine saves every role's model into the one step-N checkpoint
       notes.push_back("step root: using its TorchTitan checkpoint " + *step.torchtitan);
       return *step.torchtitan;
     }
-    if (std::find(step.roles.begin(), step.roles.end(), role) == step.roles.end()) {
+    if (!has_role) {
       std::string roles;
       for (const auto& r : step.roles) roles += (roles.empty() ? "" : ", ") + r;
       throw Error("step root has no '" + role + "' checkpoint (roles here: " + (roles.empty() ? "none" : roles) + ")")

@@ -57,6 +57,12 @@ struct MegatronRole {
   std::optional<HfTree> huggingface;
   bool has_transformer_config = false;
   std::vector<std::string> mp_rank_dirs;
+  std::string peft_adapter;  // the HF PEFT adapter a bridge exports (huggingface/adapter), if any
+
+  // A PEFT save through Megatron-Bridge: the HF model dir holds the adapter and no base weights.
+  bool adapter_only() const {
+    return model_format == "huggingface" && huggingface && !huggingface->weights_complete && !peft_adapter.empty();
+  }
 };
 
 // What verl's NeMo-Automodel engine saves (its Checkpointer, safetensors format, consolidated):

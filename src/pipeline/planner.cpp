@@ -249,6 +249,14 @@ PlannedMerge plan_fsdp(const MergeRequest& req, const layouts::FsdpRole& role, s
   return out;
 }
 
+// A node-local multi-process merge gathers FSDP rank files and dist_ckpt shards only.
+void refuse_node_local(const MergeRequest& req, const std::string& path, const std::string& what) {
+  if (req.gathered)
+    throw Error("a node-local multi-process merge reads FSDP rank files and Megatron dist_ckpt shards; " + what +
+                " must be on a filesystem every process sees (or merged by one process)")
+        .file(req.gathered->view->real_path(path));
+}
+
 // The checkpoint already holds complete HF weights (a bridge's or Automodel's consolidated
 // save): a verified copy through the same pipeline, LoRA tensors left in the weights folded.
 PlannedMerge plan_complete_hf(const MergeRequest& req, const layouts::HfTree& hf, const std::string& role_dir,
@@ -268,10 +276,7 @@ PlannedMerge plan_complete_hf(const MergeRequest& req, const layouts::HfTree& hf
 
 // NeMo-Automodel: model/consolidated/ is the HF model the training processes consolidated.
 PlannedMerge plan_automodel(const MergeRequest& req, const layouts::AutomodelRole& role, std::vector<std::string> notes) {
-  if (req.gathered)
-    throw Error("a node-local multi-process merge reads FSDP rank files and Megatron dist_ckpt shards; this "
-                "NeMo-Automodel checkpoint's consolidated HF weights must be merged by one process")
-        .file(req.gathered->view->real_path(role.path));
+  refuse_node_local(req, role.path, "this NeMo-Automodel checkpoint's consolidated HF weights");
   const std::string consolidated = (std::filesystem::path(role.path) / "model" / "consolidated").string();
   if (!role.consolidated || !role.consolidated->weights_complete)
     throw Error("NeMo-Automodel checkpoint without complete consolidated HF weights in model/consolidated/ (" +
@@ -289,10 +294,7 @@ PlannedMerge plan_automodel(const MergeRequest& req, const layouts::AutomodelRol
 // mapped to HF names as its own state-dict adapter does. It carries no HF config.
 PlannedMerge plan_torchtitan(const MergeRequest& req, const layouts::TorchTitanCheckpoint& titan,
                              std::vector<std::string> notes) {
-  if (req.gathered)
-    throw Error("a node-local multi-process merge reads FSDP rank files and Megatron dist_ckpt shards; merge this "
-                "TorchTitan checkpoint in one process")
-        .file(req.gathered->view->real_path(titan.path));
+  refuse_node_local(req, titan.path, "this TorchTitan checkpoint");
   const std::optional<layouts::HfTree> given = hf_model_path_tree(req, notes);
   if (!given)
     throw Error("a TorchTitan checkpoint carries no HuggingFace config: pass the base model's directory (the model "
@@ -300,13 +302,10 @@ PlannedMerge plan_torchtitan(const MergeRequest& req, const layouts::TorchTitanC
         .file(titan.path);
   PlannedMerge out;
   out.role_dir = titan.path;
-  SourceSet dcp = describe_dcp(titan.path);
-  HfTensors mapped = map_torchtitan_to_hf(dcp, given->config);
-  out.sources.description = "TorchTitan " + dcp.description;
-  out.sources.files = std::move(dcp.files);
-  out.sources.records = std::move(dcp.records);
-  out.sources.notes = std::move(dcp.notes);
-  out.sources.tensors = std::move(mapped.tensors);
+  out.sources = describe_dcp(titan.path);
+  HfTensors mapped = map_torchtitan_to_hf(out.sources, given->config);
+  out.sources.description = "TorchTitan " + out.sources.description;
+  out.sources.tensors = std::move(mapped.tensors);  // the DCP files and records stay the sources
   notes.insert(notes.end(), mapped.notes.begin(), mapped.notes.end());
   std::vector<NamedShape> shapes;
   for (const SourceTensor& t : out.sources.tensors) shapes.emplace_back(t.name, &t.shape);
@@ -323,20 +322,17 @@ PlannedMerge plan_megatron(const MergeRequest& req, const layouts::MegatronRole&
   PlannedMerge out;
   out.role_dir = role.path;
   const layouts::HfTree* hf = role.huggingface ? &*role.huggingface : nullptr;
-  if (req.gathered && (role.dist_ckpt.empty() || (role.model_format == "huggingface" && hf && hf->weights_complete)))
-    throw Error("a node-local multi-process merge reads FSDP rank files and Megatron dist_ckpt shards; this checkpoint's " +
-                std::string(role.dist_ckpt.empty() ? "legacy mp_rank files" : "HuggingFace weights") +
-                " must be on a filesystem every process sees (or merged by one process)")
-        .file(req.gathered->view->real_path(role.path));
+  if (role.dist_ckpt.empty() || (role.model_format == "huggingface" && hf && hf->weights_complete))
+    refuse_node_local(req, role.path,
+                      std::string("this checkpoint's ") + (role.dist_ckpt.empty() ? "legacy mp_rank files" : "HuggingFace weights"));
   if (role.model_format == "huggingface" && hf && hf->weights_complete) {
     // The bridge already saved complete HF weights: a verified copy through the same pipeline,
     // with LoRA folded (or exported) from verl's PEFT adapter beside them, or from PEFT names
     // left in the weights themselves (verl#4761).
-    const std::string adapter = (std::filesystem::path(hf->path) / "adapter").string();
-    if (std::filesystem::is_regular_file(std::filesystem::path(adapter) / "adapter_config.json")) {
+    if (!role.peft_adapter.empty()) {
       notes.push_back("the checkpoint's HF weights in " + hf->path + " are complete; LoRA comes from the PEFT adapter in " +
-                      adapter);
-      return plan_hf_with_adapter(req, hf->path, adapter, role.path, std::move(notes));
+                      role.peft_adapter);
+      return plan_hf_with_adapter(req, hf->path, role.peft_adapter, role.path, std::move(notes));
     }
     return plan_complete_hf(req, *hf, role.path, [&] { return std::optional<LoraConfig>(megatron_lora_config(role, hf)); },
                             std::move(notes));
@@ -344,16 +340,15 @@ PlannedMerge plan_megatron(const MergeRequest& req, const layouts::MegatronRole&
   const std::optional<layouts::HfTree> given = hf_model_path_tree(req, notes);
   // A PEFT save through Megatron-Bridge: model/huggingface/ holds the config and the adapter in
   // PEFT's format, no base weights (model/dist_ckpt/ has the adapter's Megatron shards).
-  const std::string peft_adapter = hf ? (std::filesystem::path(hf->path) / "adapter").string() : std::string();
-  if (role.model_format == "huggingface" && hf && !hf->weights_complete &&
-      std::filesystem::is_regular_file(std::filesystem::path(peft_adapter) / "adapter_config.json")) {
+  if (role.adapter_only()) {
     if (!given || !given->weights_complete)
-      throw Error("a Megatron PEFT save: " + hf->path + " holds the LoRA adapter alone (" + peft_adapter +
+      throw Error("a Megatron PEFT save: " + hf->path + " holds the LoRA adapter alone (" + role.peft_adapter +
                   ", in PEFT's format) and no base weights: pass the base model's HF directory (config.json and "
                   "model*.safetensors) as --hf_model_path BASE_HF_DIR to fold it into, or use the adapter as it is")
           .file(role.path);
-    notes.push_back("a Megatron PEFT save: the LoRA adapter in " + peft_adapter + " onto the base weights of " + given->path);
-    return plan_hf_with_adapter(req, given->path, peft_adapter, role.path, std::move(notes));
+    notes.push_back("a Megatron PEFT save: the LoRA adapter in " + role.peft_adapter + " onto the base weights of " +
+                    given->path);
+    return plan_hf_with_adapter(req, given->path, role.peft_adapter, role.path, std::move(notes));
   }
   if (given) hf = &*given;
   if (hf && !hf->has_config && !hf->config_problem.empty()) throw Error(hf->config_problem);
@@ -381,10 +376,7 @@ PlannedMerge plan_megatron(const MergeRequest& req, const layouts::MegatronRole&
     if (given) e.file((std::filesystem::path(given->path) / "config.json").string());
     throw;
   }
-  out.sources.description = megatron.description;
-  out.sources.files = std::move(megatron.files);
-  out.sources.records = std::move(megatron.records);
-  out.sources.notes = std::move(megatron.notes);
+  out.sources = std::move(megatron);  // its files and records; the tensors become the mapped ones
   // Base weights first, then the LoRA tensors the mapping named as in a saved PEFT adapter.
   const auto lora_begin = std::stable_partition(mapped.tensors.begin(), mapped.tensors.end(), [](const SourceTensor& t) {
     return t.name.find(".lora_A.") == std::string::npos && t.name.find(".lora_B.") == std::string::npos;

@@ -122,13 +122,7 @@ class Mapper {
     std::vector<std::string> unknown;
     size_t dropped = 0;
     for (const SourceTensor& t : titan.tensors) {
-      std::optional<int64_t> layer;
-      std::string rest = t.name;
-      if (t.name.rfind("layers.", 0) == 0) {
-        const size_t dot = t.name.find('.', 7);
-        layer = dot == std::string::npos ? std::nullopt : parse_decimal(std::string_view(t.name).substr(7, dot - 7));
-        if (layer) rest = t.name.substr(dot + 1);
-      }
+      const auto [layer, rest] = split_torchtitan_name(t.name);
       const TitanRule* rule = nullptr;
       for (const TitanRule& r : family_.rules)
         if (r.layer == layer.has_value() && r.titan == rest) rule = &r;
@@ -238,6 +232,13 @@ const Family& family_of(const nlohmann::ordered_json& text) {
 }
 
 }  // namespace
+
+TorchTitanName split_torchtitan_name(const std::string& name) {
+  if (name.starts_with("layers."))
+    if (const size_t dot = name.find('.', 7); dot != std::string::npos)
+      if (const auto layer = parse_decimal(std::string_view(name).substr(7, dot - 7))) return {layer, name.substr(dot + 1)};
+  return {std::nullopt, name};
+}
 
 HfTensors map_torchtitan_to_hf(const SourceSet& titan, const nlohmann::ordered_json& config) {
   const nlohmann::ordered_json& text = hf_text_config(config);

@@ -7,7 +7,11 @@
 // `lm_head`, `moe.routed_experts.inner_experts.w1_EFD`).
 #pragma once
 
+#include <cstdint>
 #include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <vector>
 
 #include "geometry/source_set.hpp"
 #include "plan/megatron_names.hpp"
@@ -18,6 +22,14 @@ namespace shardmerge {
 // `config` is the HF config.json of the model. Unknown model types and unknown keys are errors
 // that list them.
 HfTensors map_torchtitan_to_hf(const SourceSet& titan, const nlohmann::ordered_json& config);
+
+// A TorchTitan name as the tables match it: "layers.<l>.<rest>" gives (l, rest); any other
+// name (nullopt, name).
+struct TorchTitanName {
+  std::optional<int64_t> layer;
+  std::string rest;
+};
+TorchTitanName split_torchtitan_name(const std::string& name);
 
 // One row of a family's table, for readers that map names on their own (verify): `titan` and
 // `hf` after "layers.<l>." / "model.layers.<l>." when `layer`, whole names otherwise.

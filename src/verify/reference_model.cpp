@@ -291,14 +291,8 @@ void map_torchtitan_names(ReferenceModel& model, const nlohmann::ordered_json& c
   const bool tied = text.value("tie_word_embeddings", false);
   const std::vector<TorchTitanNameRule> table = torchtitan_name_rules(config);
   for (const ReferenceTensor& t : model.sources.tensors) {
-    std::string rest = t.name, prefix;
-    if (t.name.rfind("layers.", 0) == 0) {
-      const size_t dot = t.name.find('.', 7);
-      if (dot != std::string::npos && parse_decimal(std::string_view(t.name).substr(7, dot - 7))) {
-        prefix = "model.layers." + t.name.substr(7, dot - 7) + ".";
-        rest = t.name.substr(dot + 1);
-      }
-    }
+    const auto [layer, rest] = split_torchtitan_name(t.name);
+    const std::string prefix = layer ? "model.layers." + std::to_string(*layer) + "." : std::string();
     const TorchTitanNameRule* rule = nullptr;
     for (const auto& r : table)
       if (r.layer == !prefix.empty() && r.titan == rest) rule = &r;

@@ -437,10 +437,10 @@ ReferenceModel open_reference(const PlannedMerge& pm, std::shared_ptr<ScratchDir
   } else if (const auto* megatron = std::get_if<layouts::MegatronRole>(&layout.info)) {
     const auto& hf = megatron->huggingface;
     if (megatron->model_format == "huggingface" && hf && hf->weights_complete) {
-      reference_from_hf(model, hf->path, (fs::path(hf->path) / "adapter").string());
-    } else if (megatron->model_format == "huggingface" && hf && !pm.other_source_dirs.empty()) {
+      reference_from_hf(model, hf->path, megatron->peft_adapter);
+    } else if (megatron->adapter_only() && !pm.other_source_dirs.empty()) {
       // a PEFT save (the adapter alone) folded onto the base given as --hf_model_path
-      reference_from_hf(model, pm.other_source_dirs.front(), (fs::path(hf->path) / "adapter").string());
+      reference_from_hf(model, pm.other_source_dirs.front(), megatron->peft_adapter);
     } else if (!megatron->dist_ckpt.empty()) {
       scratch = std::make_shared<ScratchDir>();
       model.sources = reference_from_dcp(megatron->dist_ckpt, scratch->path());
